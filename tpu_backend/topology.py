@@ -1,0 +1,417 @@
+"""The TPU slice model shared by ``tpu_backend`` and ``xlasim``.
+
+A slice is named by a TPU generation (the *accelerator*) and a *topology*: the chip
+grid, ``AxB`` for the 2-D generations (v2, v3, v5litepod/v5e, v6e) and ``AxBxC`` for
+the 3-D ones (v4, v5p, v7x).  :func:`parse_slice` turns the pair into a
+:class:`SliceSpec` holding everything derived from it: hosts, chips per host, XLA
+devices per chip, the pod type (``v4-16``), HBM per chip, the device kind, and the
+host / chips-per-host bounds a real TPU VM reports.
+
+Default accelerator
+    When only a topology is given the accelerator is :data:`DEFAULT_ACCELERATOR`,
+    ``'v6e'``, so ``parse_slice('4x4')`` is a v6e-16: 4 hosts x 4 chips = 16 devices.
+    A 3-D topology needs an explicit 3-D accelerator (``'v4'``, ``'v5p'``, ``'v7x'``).
+
+Which topologies are accepted
+    Any well-formed topology of the generation's dimensionality whose chips fill whole
+    hosts, not only the shapes in Ray's ``VALID_TPU_TOPOLOGY`` table (every one of
+    which is accepted, with the same chip, host and pod-type numbers Ray computes).
+    Hosts hold 4 chips as a 2x2x1 block (so the first two dimensions must be even),
+    except single-host v5litepod/v6e slices, which Ray and Google Cloud write as
+    ``1x1``, ``2x2`` or ``2x4`` and which put all their (up to 8) chips on one host.
+    Other v5litepod/v6e shapes of 8 chips or fewer (``4x2``, ``1x4``) are rejected:
+    Ray's helpers disagree about how many hosts they have.  Sub-host slices of 4-chip
+    generations (one v4 chip of a host) are not modelled.
+
+Counting rules, and where they come from
+    * chips per host: Ray 2.60 ``ray._private.accelerators.tpu.get_chips_per_host``.
+    * pod type: Ray's ``infer_tpu_pod_type_from_topology``: generation + TensorCores,
+      counting 2 cores per chip for every generation except v5litepod and v6e
+      (so v4 2x2x2 = 8 chips = ``v4-16``; v6e 4x4 = ``v6e-16``).
+    * XLA devices per chip: 2 for v2/v3 (torch_xla ``_internal/tpu.py``
+      ``num_logical_cores_per_chip``), 1 for the megacore (v4, v5p) and single-core
+      (v5e, v6e) chips, and 2 for v7x, whose two TensorCores are separate devices
+      (Google Cloud "TPU7x" page, dual-chiplet architecture; Ray's
+      ``get_tpu_resource_per_chip`` notes v7x exposes 2 logical devices per chip;
+      torch_xla 2.9 appends a 4th process-bound dimension of 2 for v7).
+    * host bounds: chips per host form a ``2,2,1`` block on multi-host slices; a real
+      v4-256 (4x4x8) reports ``HOST_BOUNDS '2,2,8'`` and ``CHIPS_PER_HOST_BOUNDS
+      '2,2,1'``, and torch_xla's ``_ACCELERATOR_TYPE_TO_HOST_BOUNDS`` table for v2/v3
+      follows the same rule.
+
+Nothing here imports torch, torch_xla or ray.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = [
+    "ACCELERATORS",
+    "DEFAULT_ACCELERATOR",
+    "GENERATIONS",
+    "Generation",
+    "SliceSpec",
+    "default_mesh",
+    "normalize_accelerator",
+    "parse_slice",
+    "tpu_host_env",
+]
+
+DEFAULT_ACCELERATOR = "v6e"
+
+_GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Generation:
+    """Fixed facts about one TPU generation."""
+
+    name: str
+    """Canonical name, as Ray and Google Cloud accelerator types spell it ('v5litepod')."""
+    version: int
+    """The generation number torch_xla's ``tpu.version()`` parses from the pod type."""
+    ndims: int
+    """2 for AxB topologies, 3 for AxBxC."""
+    cores_per_chip: int
+    """TensorCores per chip as Ray counts them for pod types ('v4-16' = 8 chips)."""
+    devices_per_chip: int
+    """XLA (PJRT) devices per chip."""
+    hbm_bytes_per_chip: int
+    device_kind: str
+    """What PJRT reports as the device kind (jax ``device.device_kind``)."""
+    max_single_host_chips: int
+    """Chips one host can hold for a single-host slice (v5litepod/v6e: 8)."""
+
+
+# HBM per chip, from the Google Cloud TPU architecture pages: v2 16 GiB and v3 32 GiB
+# (cloud.google.com/tpu/docs/v2, /v3), v4 32 GiB (/v4), v5e 16 GB (/v5e), v5p 95 GiB,
+# v6e 32 GiB and TPU7x 192 GiB (/tpu7x, "HBM capacity per chip (GiB)" table).  Counted
+# in GiB throughout, which also matches JAX's tpu_info (v5e 17.2e9 B, v4 34.4e9 B).
+# Device kinds as JAX's jax/_src/tpu_info.py chip_version_from_device_kind spells the
+# current ones ('TPU v5 lite', 'TPU v6 lite', 'TPU7x'); torch_xla 2.9's pallas kernels
+# parse the same strings (quantized_matmul_kernel.get_tpu_version).
+GENERATIONS: dict[str, Generation] = {
+    g.name: g
+    for g in (
+        Generation("v2", 2, 2, 2, 2, 16 * _GIB, "TPU v2", 4),
+        Generation("v3", 3, 2, 2, 2, 32 * _GIB, "TPU v3", 4),
+        Generation("v4", 4, 3, 2, 1, 32 * _GIB, "TPU v4", 4),
+        Generation("v5litepod", 5, 2, 1, 1, 16 * _GIB, "TPU v5 lite", 8),
+        Generation("v5p", 5, 3, 2, 1, 95 * _GIB, "TPU v5", 4),
+        Generation("v6e", 6, 2, 1, 1, 32 * _GIB, "TPU v6 lite", 8),
+        Generation("v7x", 7, 3, 2, 2, 192 * _GIB, "TPU7x", 4),
+    )
+}
+
+ACCELERATORS: tuple[str, ...] = tuple(GENERATIONS)
+
+_ALIASES = {"v5e": "v5litepod", "v5lite": "v5litepod"}
+
+# Ray's TPU_SINGLE_HOST_TOPOLOGIES: the shapes in which v5litepod/v6e put all chips
+# on one host (get_chips_per_host returns the chip count for exactly these).
+_SINGLE_HOST_SHAPES = ("1x1", "2x2", "2x4")
+
+_HOST_BLOCK = (2, 2, 1)
+_CHIPS_PER_HOST = 4
+
+_TOPOLOGY_RE = re.compile(r"^\d+(?:x\d+){1,2}$")
+_TOPOLOGY_FORMS = (
+    "expected 2 (AxB) or 3 (AxBxC) positive integers joined by 'x', e.g. '2x2' or '2x2x2'"
+)
+
+
+def _valid_accelerators_text() -> str:
+    return ", ".join(
+        f"{name} (alias v5e)" if name == "v5litepod" else name for name in ACCELERATORS
+    )
+
+
+def normalize_accelerator(accelerator: str) -> str:
+    """Return the canonical generation name for ``accelerator``.
+
+    Case-insensitive; accepts the canonical names, Ray's accelerator types
+    ('TPU-V4', 'TPU-V5LITEPOD'), a 'tpu' prefix ('tpu7x', 'tpu-v6e') and 'v5e'.
+    """
+    if not isinstance(accelerator, str):
+        raise TypeError(
+            f"accelerator must be a str, got {type(accelerator).__name__} {accelerator!r}"
+        )
+    # Same prefix rewrite as Ray's normalize_tpu_accelerator_type ("TPU-V7X" -> "v7x").
+    name = re.sub(r"^tpu-?v?", "v", accelerator.strip().lower())
+    name = _ALIASES.get(name, name)
+    if name in GENERATIONS:
+        return name
+    hint = ""
+    if re.fullmatch(r"[a-z0-9]+-\d+", name):
+        hint = " (that looks like a pod type; pass the generation and a topology instead)"
+    raise ValueError(
+        f"unknown accelerator {accelerator!r}{hint}; valid: {_valid_accelerators_text()}"
+    )
+
+
+def _format_dims(dims: Sequence[int]) -> str:
+    return "x".join(str(d) for d in dims)
+
+
+def _parse_topology(topology: str) -> tuple[int, ...]:
+    if not isinstance(topology, str):
+        raise TypeError(f"topology must be a str, got {type(topology).__name__} {topology!r}")
+    text = topology.strip().lower()
+    if not _TOPOLOGY_RE.fullmatch(text):
+        raise ValueError(f"topology {topology!r} is not valid: {_TOPOLOGY_FORMS}")
+    dims = tuple(int(part) for part in text.split("x"))
+    if any(d == 0 for d in dims):
+        raise ValueError(
+            f"topology {topology!r} is not valid: every dimension must be positive; "
+            f"{_TOPOLOGY_FORMS}"
+        )
+    return dims
+
+
+def _example_shapes(gen: Generation) -> str:
+    if gen.ndims == 2:
+        examples = ("2x2", "4x4") if gen.max_single_host_chips == 4 else ("2x4", "4x4")
+    else:
+        examples = ("2x2x1", "2x2x2")
+    return " or ".join(repr(e) for e in examples)
+
+
+def _chips_per_host(gen: Generation, dims: tuple[int, ...], topology: str) -> int:
+    num_chips = math.prod(dims)
+    shape = _format_dims(dims)
+    if gen.max_single_host_chips > _CHIPS_PER_HOST and num_chips <= gen.max_single_host_chips:
+        if shape not in _SINGLE_HOST_SHAPES:
+            raise ValueError(
+                f"{gen.name} topology {topology!r} ({num_chips} chips) is not valid: "
+                f"{gen.name} slices of up to {gen.max_single_host_chips} chips are "
+                f"single-host and are written {', '.join(_SINGLE_HOST_SHAPES)}"
+            )
+        return num_chips
+    if num_chips % _CHIPS_PER_HOST:
+        raise ValueError(
+            f"{gen.name} topology {topology!r} has {num_chips} chip(s), not a multiple of "
+            f"the {_CHIPS_PER_HOST} chips per host; {gen.name} slices span whole hosts, "
+            f"e.g. {_example_shapes(gen)}"
+        )
+    if any(d % b for d, b in zip(dims, _HOST_BLOCK, strict=False)):
+        raise ValueError(
+            f"{gen.name} topology {topology!r} cannot be split into hosts of 2x2 chips: "
+            f"its first two dimensions must be even, e.g. {_example_shapes(gen)}"
+        )
+    return _CHIPS_PER_HOST
+
+
+@dataclass(frozen=True)
+class SliceSpec:
+    """One TPU slice.  Build it with :func:`parse_slice`, which keeps the fields consistent."""
+
+    accelerator: str
+    """Canonical generation name: 'v2', 'v3', 'v4', 'v5litepod', 'v5p', 'v6e', 'v7x'."""
+    topology: str
+    """Normalised chip grid, e.g. '2x2x2'."""
+    dims: tuple[int, ...]
+    num_chips: int
+    num_hosts: int
+    chips_per_host: int
+    devices_per_chip: int
+    devices_per_host: int
+    num_devices: int
+    pod_type: str
+    """Ray's / Google Cloud's accelerator type with size, e.g. 'v4-16' (TensorCores)."""
+    ray_accelerator_type: str
+    """Ray's accelerator resource type, e.g. 'TPU-V4'."""
+    hbm_bytes_per_chip: int
+    device_kind: str
+    host_bounds: tuple[int, int, int]
+    """Hosts along x, y, z (TPU_HOST_BOUNDS)."""
+    chips_per_host_bounds: tuple[int, int, int]
+    """Chips of one host along x, y, z (TPU_CHIPS_PER_HOST_BOUNDS)."""
+    generation: int
+    """torch_xla's TPU version number (``torch_xla._internal.tpu.version()``)."""
+    cores_per_chip: int
+    """TensorCores per chip as counted in :attr:`pod_type`."""
+
+    def __post_init__(self) -> None:
+        # Cheap guard against hand-built specs whose numbers disagree.
+        checks = {
+            "num_chips == prod(dims)": self.num_chips == math.prod(self.dims),
+            "num_hosts * chips_per_host == num_chips": (
+                self.num_hosts * self.chips_per_host == self.num_chips
+            ),
+            "devices_per_host == chips_per_host * devices_per_chip": (
+                self.devices_per_host == self.chips_per_host * self.devices_per_chip
+            ),
+            "num_devices == num_hosts * devices_per_host": (
+                self.num_devices == self.num_hosts * self.devices_per_host
+            ),
+            "prod(host_bounds) == num_hosts": math.prod(self.host_bounds) == self.num_hosts,
+            "prod(chips_per_host_bounds) == chips_per_host": (
+                math.prod(self.chips_per_host_bounds) == self.chips_per_host
+            ),
+        }
+        broken = [name for name, ok in checks.items() if not ok]
+        if broken:
+            raise ValueError(f"inconsistent SliceSpec {self!r}: {', '.join(broken)} fails")
+
+    @property
+    def is_multi_host(self) -> bool:
+        return self.num_hosts > 1
+
+    @property
+    def hbm_bytes_per_host(self) -> int:
+        return self.hbm_bytes_per_chip * self.chips_per_host
+
+    def describe_rows(self) -> list[tuple[str, str]]:
+        """(label, value) rows describing the slice, for a two-column table."""
+        mesh_shape, mesh_axes = default_mesh(self)
+        mesh = ", ".join(f"{axis}={size}" for axis, size in zip(mesh_axes, mesh_shape, strict=True))
+        return [
+            ("accelerator", self.accelerator),
+            ("topology", self.topology),
+            ("pod type", self.pod_type),
+            ("Ray accelerator type", self.ray_accelerator_type),
+            ("device kind", self.device_kind),
+            ("hosts", str(self.num_hosts)),
+            ("chips per host", str(self.chips_per_host)),
+            ("devices per chip", str(self.devices_per_chip)),
+            ("devices per host", str(self.devices_per_host)),
+            ("chips", str(self.num_chips)),
+            ("devices", str(self.num_devices)),
+            ("HBM per chip", f"{self.hbm_bytes_per_chip / _GIB:g} GiB"),
+            ("HBM per device", f"{self.hbm_bytes_per_chip / self.devices_per_chip / _GIB:g} GiB"),
+            ("host bounds", ",".join(map(str, self.host_bounds))),
+            ("chips per host bounds", ",".join(map(str, self.chips_per_host_bounds))),
+            ("default mesh", f"({mesh})"),
+        ]
+
+
+def parse_slice(topology: str, accelerator: str | None = None) -> SliceSpec:
+    """Parse and validate ``topology`` (e.g. '2x2x2') for ``accelerator`` (e.g. 'v4').
+
+    ``accelerator`` defaults to :data:`DEFAULT_ACCELERATOR` ('v6e').  Raises
+    ``ValueError`` naming the bad value and the valid forms.
+    """
+    dims = _parse_topology(topology)
+    if accelerator is None:
+        gen = GENERATIONS[DEFAULT_ACCELERATOR]
+        if len(dims) != gen.ndims:
+            raise ValueError(
+                f"topology {topology!r} is 3-D (AxBxC) but no accelerator was given and the "
+                f"default accelerator {DEFAULT_ACCELERATOR} takes 2-D topologies (AxB); "
+                f"pass a 3-D accelerator: "
+                f"{', '.join(g.name for g in GENERATIONS.values() if g.ndims == 3)}"
+            )
+    else:
+        gen = GENERATIONS[normalize_accelerator(accelerator)]
+    if len(dims) != gen.ndims:
+        form = "2-D (AxB)" if gen.ndims == 2 else "3-D (AxBxC)"
+        raise ValueError(
+            f"topology {topology!r} has {len(dims)} dimensions but {gen.name} slices are "
+            f"{form}, e.g. {_example_shapes(gen)}"
+        )
+    num_chips = math.prod(dims)
+    chips_per_host = _chips_per_host(gen, dims, topology)
+    num_hosts = num_chips // chips_per_host
+    dims3 = (*dims, 1) if len(dims) == 2 else dims
+    if num_hosts == 1:
+        chips_per_host_bounds = dims3
+    else:
+        chips_per_host_bounds = _HOST_BLOCK
+    host_bounds = tuple(d // c for d, c in zip(dims3, chips_per_host_bounds, strict=True))
+    return SliceSpec(
+        accelerator=gen.name,
+        topology=_format_dims(dims),
+        dims=dims,
+        num_chips=num_chips,
+        num_hosts=num_hosts,
+        chips_per_host=chips_per_host,
+        devices_per_chip=gen.devices_per_chip,
+        devices_per_host=chips_per_host * gen.devices_per_chip,
+        num_devices=num_chips * gen.devices_per_chip,
+        pod_type=f"{gen.name}-{num_chips * gen.cores_per_chip}",
+        ray_accelerator_type=f"TPU-{gen.name.upper()}",
+        hbm_bytes_per_chip=gen.hbm_bytes_per_chip,
+        device_kind=gen.device_kind,
+        host_bounds=(host_bounds[0], host_bounds[1], host_bounds[2]),
+        chips_per_host_bounds=(
+            chips_per_host_bounds[0],
+            chips_per_host_bounds[1],
+            chips_per_host_bounds[2],
+        ),
+        generation=gen.version,
+        cores_per_chip=gen.cores_per_chip,
+    )
+
+
+def default_mesh(spec: SliceSpec) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """The seeds' default SPMD mesh: (hosts, devices per host) over ('data', 'model')
+    on a multi-host slice, (devices,) over ('data',) on one host."""
+    if spec.is_multi_host:
+        return (spec.num_hosts, spec.devices_per_host), ("data", "model")
+    return (spec.num_devices,), ("data",)
+
+
+def tpu_host_env(
+    spec: SliceSpec,
+    host_index: int,
+    hostnames: Sequence[str] | None = None,
+    *,
+    slice_name: str | None = None,
+) -> dict[str, str]:
+    """The TPU environment host ``host_index`` of ``spec`` has on a GKE TPU VM.
+
+    With ``TPU_SKIP_MDS_QUERY`` set, torch_xla 2.9 (``_internal/tpu.py``
+    ``build_tpu_env_from_vars`` / ``get_worker_ips``) reads TPU_ACCELERATOR_TYPE,
+    TPU_HOST_BOUNDS, TPU_CHIPS_PER_HOST_BOUNDS, TPU_WORKER_ID and TPU_WORKER_HOSTNAMES
+    instead of querying the metadata server; Ray 2.60 reads TPU_ACCELERATOR_TYPE,
+    TPU_WORKER_ID, TPU_TOPOLOGY and TPU_NAME (set only when ``slice_name`` is given).
+
+    ``hostnames`` lists every host of the slice, in worker-id order; by default each
+    is 'localhost', since simulated hosts share one machine.
+    """
+    if isinstance(host_index, bool) or not isinstance(host_index, int):
+        raise TypeError(
+            f"host_index must be an int, got {type(host_index).__name__} {host_index!r}"
+        )
+    if not 0 <= host_index < spec.num_hosts:
+        raise ValueError(
+            f"host_index {host_index} is out of range for {spec.pod_type} ({spec.topology}), "
+            f"which has {spec.num_hosts} host(s): valid host indices are 0..{spec.num_hosts - 1}"
+        )
+    if hostnames is None:
+        names = ["localhost"] * spec.num_hosts
+    else:
+        if isinstance(hostnames, str):
+            raise TypeError(
+                f"hostnames must be a sequence of str, one per host, not the str {hostnames!r}"
+            )
+        names = list(hostnames)
+        if len(names) != spec.num_hosts:
+            raise ValueError(
+                f"hostnames {names!r} has {len(names)} entries but {spec.pod_type} "
+                f"({spec.topology}) has {spec.num_hosts} host(s): give one name per host"
+            )
+        bad = [n for n in names if not isinstance(n, str) or not n or "," in n or n != n.strip()]
+        if bad:
+            raise ValueError(
+                f"hostnames {bad!r} are not valid: each must be a non-empty str without "
+                f"commas or surrounding spaces"
+            )
+    env = {
+        "TPU_SKIP_MDS_QUERY": "1",
+        "TPU_ACCELERATOR_TYPE": spec.pod_type,
+        "TPU_TOPOLOGY": spec.topology,
+        "TPU_WORKER_ID": str(host_index),
+        "TPU_WORKER_HOSTNAMES": ",".join(names),
+        "TPU_HOST_BOUNDS": ",".join(map(str, spec.host_bounds)),
+        "TPU_CHIPS_PER_HOST_BOUNDS": ",".join(map(str, spec.chips_per_host_bounds)),
+    }
+    if slice_name is not None:
+        if not isinstance(slice_name, str) or not slice_name.strip():
+            raise ValueError(f"slice_name {slice_name!r} is not valid: expected a non-empty str")
+        env["TPU_NAME"] = slice_name
+    return env
