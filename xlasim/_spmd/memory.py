@@ -1,0 +1,174 @@
+"""Per-chip HBM accounting for simulated device tensors, with an opt-in out-of-memory check.
+
+Each live device tensor occupies, on every device that holds a piece of it:
+  * unsharded, under SPMD: the whole tensor (torch_xla replicates unannotated data);
+  * unsharded, without SPMD: the whole tensor on its own device only;
+  * replicated: the whole tensor;
+  * tiled / partially replicated: one padded shard (``ShardingUtil::GetShardShape``).
+A chip holds the sum over its devices (2 per chip on v2/v3/v7x).  This counts live buffers
+only -- XLA's temporaries, program memory and allocator fragmentation are not modelled -- so
+it is a lower bound of real HBM use; a sharding that does not fit here does not fit on TPU.
+
+With the check enabled, a transfer that would push a chip past its HBM fails like PJRT's
+allocator does: ``RuntimeError: ... RESOURCE_EXHAUSTED: Error allocating device buffer:
+Attempting to allocate 196.00M. That was not possible. There are 134.44M free.; (1x0x0_HBM0)``.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from xlasim._spmd.device_layout import device_attributes
+from xlasim._spmd.tensor_sharding import TensorSharding
+
+_EXTRAS_KEY = "spmd_memory"
+
+
+@dataclass
+class _State:
+    enforce: bool
+    tracked: weakref.WeakSet[Any]
+
+
+def _state(rt: Any) -> _State:
+    state = rt.extras.get(_EXTRAS_KEY)
+    if state is None:
+        state = rt.extras[_EXTRAS_KEY] = _State(False, weakref.WeakSet())
+    return state
+
+
+def human_bytes(num_bytes: int) -> str:
+    """tsl ``strings::HumanReadableNumBytes`` (what PJRT's allocator messages print)."""
+    if num_bytes < 0:
+        return "-" + human_bytes(-num_bytes)
+    if num_bytes < 1024:
+        return f"{num_bytes}B"
+    units = "KMGTPE"
+    unit = 0
+    while num_bytes >= 1024 * 1024:
+        num_bytes //= 1024
+        unit += 1
+    fmt = "{:.1f}{}" if units[unit] == "K" else "{:.2f}{}"
+    return fmt.format(num_bytes / 1024.0, units[unit])
+
+
+def _itemsize(t: Any) -> int:
+    return int(t.element_size())
+
+
+def tensor_device_bytes(
+    t: Any, sharding: TensorSharding | None, num_devices: int, spmd: bool
+) -> dict[int, int]:
+    """Bytes each device ordinal holds for ``t`` (global shape ``t.shape``)."""
+    itemsize = _itemsize(t)
+    full = int(t.numel()) * itemsize
+    if sharding is None:
+        if spmd:
+            return dict.fromkeys(range(num_devices), full)
+        index = t.device.index or 0
+        return {index: full}
+    if sharding.is_replicated or sharding.is_manual:
+        return dict.fromkeys(range(num_devices), full)
+    shard = 1
+    for d in sharding.shard_shape():
+        shard *= d
+    return dict.fromkeys(sharding.devices(), shard * itemsize)
+
+
+def _live_tensors(rt: Any) -> list[Any]:
+    """Every live simulated device tensor this runtime knows of."""
+    from xlasim import _tensor
+
+    seen: dict[int, Any] = {}
+    registry = getattr(_tensor, "live_tensors", None)
+    if callable(registry):
+        for t in registry():
+            seen[id(t)] = t
+    for t in list(_state(rt).tracked):
+        seen[id(t)] = t
+    return list(seen.values())
+
+
+def track(rt: Any, t: Any) -> None:
+    _state(rt).tracked.add(t)
+
+
+def device_bytes(rt: Any, tensors: Iterable[Any] | None = None) -> list[int]:
+    """Bytes per device ordinal for ``tensors`` (default: all live device tensors)."""
+    spec = rt.spec
+    totals = [0] * spec.num_devices
+    for t in _live_tensors(rt) if tensors is None else tensors:
+        for device, nbytes in tensor_device_bytes(
+            t, getattr(t, "_sharding", None), spec.num_devices, rt.spmd
+        ).items():
+            totals[device] += nbytes
+    return totals
+
+
+def chip_bytes(rt: Any, tensors: Iterable[Any] | None = None) -> list[int]:
+    """Bytes per chip (chip ``c`` holds devices ``c*devices_per_chip ...``)."""
+    per_device = device_bytes(rt, tensors)
+    k = rt.spec.devices_per_chip
+    return [sum(per_device[c * k : (c + 1) * k]) for c in range(rt.spec.num_chips)]
+
+
+def set_enforce(rt: Any, enabled: bool) -> None:
+    _state(rt).enforce = bool(enabled)
+
+
+def enforced(rt: Any) -> bool:
+    return _state(rt).enforce
+
+
+class ResourceExhaustedError(RuntimeError):
+    """A RuntimeError like the one PJRT raises when a device buffer does not fit in HBM."""
+
+
+def _hbm_name(rt: Any, device: int) -> str:
+    attrs = device_attributes(rt.spec)[device]
+    x, y, z = attrs["coords"]
+    return f"{x}x{y}x{z}_HBM{attrs['core_on_chip']}"
+
+
+def check_fits(rt: Any, t: Any, new: TensorSharding | None) -> None:
+    """Before ``t`` takes sharding ``new``: fail as PJRT would if a chip overflows; else track."""
+    if _state(rt).enforce:
+        spec = rt.spec
+        others = [o for o in _live_tensors(rt) if o is not t]
+        per_chip = chip_bytes(rt, others)
+        need = tensor_device_bytes(t, new, spec.num_devices, rt.spmd)
+        capacity = spec.hbm_bytes_per_chip
+        for device in sorted(need):
+            chip = device // spec.devices_per_chip
+            if per_chip[chip] + need[device] > capacity:
+                free = capacity - per_chip[chip]
+                raise ResourceExhaustedError(
+                    "Bad StatusOr access: RESOURCE_EXHAUSTED: Error allocating device buffer: "
+                    f"Attempting to allocate {human_bytes(need[device])}. That was not "
+                    f"possible. There are {human_bytes(max(free, 0))} free.; "
+                    f"({_hbm_name(rt, device)})"
+                )
+            per_chip[chip] += need[device]
+    track(rt, t)
+
+
+def report(rt: Any) -> list[dict[str, Any]]:
+    """One row per chip: index, coords, bytes used, HBM capacity, fraction used."""
+    spec = rt.spec
+    attrs = device_attributes(spec)
+    used = chip_bytes(rt)
+    rows = []
+    for chip, nbytes in enumerate(used):
+        rows.append(
+            {
+                "chip": chip,
+                "coords": attrs[chip * spec.devices_per_chip]["coords"],
+                "bytes": nbytes,
+                "hbm_bytes": spec.hbm_bytes_per_chip,
+                "fraction": nbytes / spec.hbm_bytes_per_chip,
+            }
+        )
+    return rows
