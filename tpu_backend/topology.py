@@ -317,10 +317,7 @@ def parse_slice(topology: str, accelerator: str | None = None) -> SliceSpec:
     chips_per_host = _chips_per_host(gen, dims, topology)
     num_hosts = num_chips // chips_per_host
     dims3 = (*dims, 1) if len(dims) == 2 else dims
-    if num_hosts == 1:
-        chips_per_host_bounds = dims3
-    else:
-        chips_per_host_bounds = _HOST_BLOCK
+    chips_per_host_bounds = dims3 if num_hosts == 1 else _HOST_BLOCK
     host_bounds = tuple(d // c for d, c in zip(dims3, chips_per_host_bounds, strict=True))
     return SliceSpec(
         accelerator=gen.name,
