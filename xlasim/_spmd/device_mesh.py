@@ -9,7 +9,7 @@ the device attributes as an argument instead of reading ``self``.
 Copyright: the JAX authors (Apache-2.0) and the PyTorch/XLA authors (BSD-3-Clause).
 """
 
-# ruff: noqa: E501, SIM108, B007, UP006, E711
+# ruff: noqa: E501, SIM108, B007, B905, UP006, E711
 
 from __future__ import annotations
 
@@ -23,9 +23,11 @@ from typing import Any
 import numpy as np
 
 
-def physical_tpu_mesh(device_attributes: list[dict[str, Any]], devices: Sequence[int]) -> np.ndarray:
+def physical_tpu_mesh(
+    device_attributes: list[dict[str, Any]], devices: Sequence[int]
+) -> np.ndarray:
     """``HybridMesh._get_physical_tpu_mesh`` (without its TPU assertion, done by the caller)."""
-    device_coords = [device_attributes[d]['coords'] for d in devices]
+    device_coords = [device_attributes[d]["coords"] for d in devices]
     dims = tuple(d + 1 for d in max(device_coords))
     out = np.empty(dims, dtype=int)
     for coords, d in zip(device_coords, devices):
@@ -33,50 +35,52 @@ def physical_tpu_mesh(device_attributes: list[dict[str, Any]], devices: Sequence
     return out
 
 
-def create_device_mesh(device_attributes: list[dict[str, Any]], mesh_shape: Sequence[int],
-                       devices: Sequence[int]) -> np.ndarray:
+def create_device_mesh(
+    device_attributes: list[dict[str, Any]], mesh_shape: Sequence[int], devices: Sequence[int]
+) -> np.ndarray:
     """``HybridMesh._create_device_mesh`` (``devices`` defaults to all devices upstream)."""
     if np.prod(mesh_shape) != len(devices):
         raise ValueError(
-            f'Number of devices {len(devices)} must equal the product '
-            f'of mesh_shape {mesh_shape}')
+            f"Number of devices {len(devices)} must equal the product of mesh_shape {mesh_shape}"
+        )
     physical_mesh = physical_tpu_mesh(device_attributes, devices)
     device_mesh, assignment = _create_device_mesh_for_nd_torus(
-        physical_mesh, mesh_shape, allow_split_physical_axes=True)
+        physical_mesh, mesh_shape, allow_split_physical_axes=True
+    )
     return device_mesh
 
 
-def create_hybrid_device_mesh(device_attributes: list[dict[str, Any]],
-                              ici_mesh_shape: Sequence[int],
-                              dcn_mesh_shape: Sequence[int]) -> np.ndarray:
+def create_hybrid_device_mesh(
+    device_attributes: list[dict[str, Any]],
+    ici_mesh_shape: Sequence[int],
+    dcn_mesh_shape: Sequence[int],
+) -> np.ndarray:
     """``HybridMesh._create_hybrid_device_mesh``."""
     granule_dict = defaultdict(list)
     for d, dev in enumerate(device_attributes):
-        granule_dict[dev['slice_index']].append(d)
+        granule_dict[dev["slice_index"]].append(d)
     # sorts devices based on slice_index.
     granules = list(granule_dict[key] for key in sorted(granule_dict.keys()))
     if np.prod(dcn_mesh_shape) != len(granules):
         raise ValueError(
-            f'Number of slices {len(granules)} must equal the product of '
-            f'dcn_mesh_shape {dcn_mesh_shape}')
+            f"Number of slices {len(granules)} must equal the product of "
+            f"dcn_mesh_shape {dcn_mesh_shape}"
+        )
     # creates a separate internal mesh for each slice.
     per_granule_meshes = [
-        create_device_mesh(device_attributes, ici_mesh_shape, granule)
-        for granule in granules
+        create_device_mesh(device_attributes, ici_mesh_shape, granule) for granule in granules
     ]
     granule_mesh = np.arange(len(granules)).reshape(dcn_mesh_shape)
-    blocks = np.vectorize(
-        lambda i: per_granule_meshes[i], otypes=[object])(
-            granule_mesh)
+    blocks = np.vectorize(lambda i: per_granule_meshes[i], otypes=[object])(granule_mesh)
     device_mesh = np.block(blocks.tolist())
     return device_mesh
 
 
 def _create_device_mesh_for_nd_torus(
-        physical_mesh: np.ndarray,
-        mesh_shape: Sequence[int],
-        *,
-        allow_split_physical_axes: bool = False,
+    physical_mesh: np.ndarray,
+    mesh_shape: Sequence[int],
+    *,
+    allow_split_physical_axes: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Assigns logical parallelism axes to physical axes of an N-D torus network.
 
@@ -128,13 +132,11 @@ def _create_device_mesh_for_nd_torus(
     # Assign logical axes from highest network intensity to lowest.
     # `mesh_shape` is assumed to ordered by lowest network intensity first, so
     # reverse it first.
-    for logical_axis_index, logical_axis_size in reversed(
-            list(enumerate(mesh_shape))):
+    for logical_axis_index, logical_axis_size in reversed(list(enumerate(mesh_shape))):
         # Preferentially map to more physical axes first for higher bandwidth.
         for num_axes in range(3, 0, -1):
             # Try assign to any subset of size num_axes. Generate all candidates.
-            indices_and_axes = itertools.combinations(
-                    enumerate(assignable_physical_mesh), num_axes)
+            indices_and_axes = itertools.combinations(enumerate(assignable_physical_mesh), num_axes)
             for elem in indices_and_axes:
                 c_indices, c_axes = zip(*elem)
                 # TODO(zhangqiaorjc): Due to limitations in XLA, 2D collectives only
@@ -147,8 +149,7 @@ def _create_device_mesh_for_nd_torus(
                     assignment[logical_axis_index] = c_indices
                     # Zero the assigned physical axes.
                     assignable_physical_mesh = [
-                            0 if i in c_indices else v
-                            for i, v in enumerate(assignable_physical_mesh)
+                        0 if i in c_indices else v for i, v in enumerate(assignable_physical_mesh)
                     ]
                     break
             if assignment[logical_axis_index]:
@@ -162,42 +163,42 @@ def _create_device_mesh_for_nd_torus(
                     # Although this is now implemented, there are downstream tasks
                     # counting on this being a NotImplementedError.
                     raise NotImplementedError(
-                            'Failed to find assignment for logical_axis_index'
-                            f' {logical_axis_index} of size {logical_axis_size} with'
-                            f' remaining assignable mesh {assignable_physical_mesh}. The size'
-                            ' of each axis in your logical mesh must be equal to the product'
-                            ' of some subset of the physical mesh axis sizes. E.g. logical'
-                            ' mesh (4, 16) is compatible with physical mesh 4x4x4 since 4=4'
-                            ' and 16=4x4. If you want to split physical axes, set '
-                            ' allow_split_physical_axes to True.')
+                        "Failed to find assignment for logical_axis_index"
+                        f" {logical_axis_index} of size {logical_axis_size} with"
+                        f" remaining assignable mesh {assignable_physical_mesh}. The size"
+                        " of each axis in your logical mesh must be equal to the product"
+                        " of some subset of the physical mesh axis sizes. E.g. logical"
+                        " mesh (4, 16) is compatible with physical mesh 4x4x4 since 4=4"
+                        " and 16=4x4. If you want to split physical axes, set "
+                        " allow_split_physical_axes to True."
+                    )
                 else:
                     # We will try finding an assignment, even if that means splitting the
                     # physical axes, which requires a more sophisticated implementation.
                     return _create_device_mesh_for_nd_torus_splitting_axes(
-                            physical_mesh, mesh_shape)
+                        physical_mesh, mesh_shape
+                    )
 
     # Flatten the assignment, e.g., [(), (2,), (0, 1)] -> (2, 0, 1).
     transpose: list[int] = []
-    assignment_array = np.ones(
-            [len(physical_mesh.shape), len(mesh_shape)], dtype=np.int64)
+    assignment_array = np.ones([len(physical_mesh.shape), len(mesh_shape)], dtype=np.int64)
     for i, x in enumerate(assignment):
         for y in x:
             physical_mesh_axis = int(y)
-            assignment_array[physical_mesh_axis,
-                                              i] = physical_mesh.shape[physical_mesh_axis]
+            assignment_array[physical_mesh_axis, i] = physical_mesh.shape[physical_mesh_axis]
             transpose.append(physical_mesh_axis)
     return (
-            physical_mesh.transpose(transpose).reshape(mesh_shape),
-            assignment_array,
+        physical_mesh.transpose(transpose).reshape(mesh_shape),
+        assignment_array,
     )
 
 
 def _prefer_first_logical_axis_assignment(
-        x: np.ndarray,
-        y: np.ndarray,
-        *,
-        physical_mesh_shape: Sequence[int],
-        assignment: np.ndarray,
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    physical_mesh_shape: Sequence[int],
+    assignment: np.ndarray,
 ) -> bool:
     """Returns True if the first axis assignment is preferred over the second.
 
@@ -221,10 +222,8 @@ def _prefer_first_logical_axis_assignment(
     #
     # E.g., on 4 x 4 x 8, [4, 4, -] will be preferred over [4, -, 4], and then
     # over [2, 2, 4].
-    x_whole_axis_size = np.prod(
-            [s for i, s in enumerate(x) if s == physical_mesh_shape[i]])
-    y_whole_axis_size = np.prod(
-            [s for i, s in enumerate(y) if s == physical_mesh_shape[i]])
+    x_whole_axis_size = np.prod([s for i, s in enumerate(x) if s == physical_mesh_shape[i]])
+    y_whole_axis_size = np.prod([s for i, s in enumerate(y) if s == physical_mesh_shape[i]])
 
     if x_whole_axis_size != y_whole_axis_size:
         return x_whole_axis_size > y_whole_axis_size
@@ -232,10 +231,8 @@ def _prefer_first_logical_axis_assignment(
     # Prefer occupying more whole physical axes for better bandwidth.
     #
     # This is consistent with existing logic, i.e., 2 x 2 is preferred over 4.
-    x_num_whole_axes = len(
-            [1 for i, s in enumerate(x) if s == physical_mesh_shape[i] and s > 1])
-    y_num_whole_axes = len(
-            [1 for i, s in enumerate(y) if s == physical_mesh_shape[i] and s > 1])
+    x_num_whole_axes = len([1 for i, s in enumerate(x) if s == physical_mesh_shape[i] and s > 1])
+    y_num_whole_axes = len([1 for i, s in enumerate(y) if s == physical_mesh_shape[i] and s > 1])
 
     if x_num_whole_axes != y_num_whole_axes:
         return x_num_whole_axes > y_num_whole_axes
@@ -248,9 +245,11 @@ def _prefer_first_logical_axis_assignment(
     assigned_physical_mesh_shape = np.prod(assignment, axis=-1)
 
     x_non_overlapping_axis_size = np.prod(
-            [s for i, s in enumerate(x) if assigned_physical_mesh_shape[i] > 1])
+        [s for i, s in enumerate(x) if assigned_physical_mesh_shape[i] > 1]
+    )
     y_non_overlapping_axis_size = np.prod(
-            [s for i, s in enumerate(y) if assigned_physical_mesh_shape[i] > 1])
+        [s for i, s in enumerate(y) if assigned_physical_mesh_shape[i] > 1]
+    )
 
     if x_non_overlapping_axis_size != y_non_overlapping_axis_size:
         return x_non_overlapping_axis_size > y_non_overlapping_axis_size
@@ -261,8 +260,8 @@ def _prefer_first_logical_axis_assignment(
 
 
 def _create_device_mesh_for_nd_torus_splitting_axes(
-        physical_mesh: np.ndarray,
-        mesh_shape: Sequence[int],
+    physical_mesh: np.ndarray,
+    mesh_shape: Sequence[int],
 ) -> tuple[np.ndarray, np.ndarray]:
     """Assigns logical parallelism axes to physical axes of an N-D torus network.
 
@@ -290,44 +289,40 @@ def _create_device_mesh_for_nd_torus_splitting_axes(
     """
     if np.prod(physical_mesh.shape) != np.prod(mesh_shape):
         raise ValueError(
-                'The number of devices in physical mesh'
-                f' {physical_mesh.shape} does not match the number of devices'
-                f' in logical mesh {mesh_shape}.')
+            "The number of devices in physical mesh"
+            f" {physical_mesh.shape} does not match the number of devices"
+            f" in logical mesh {mesh_shape}."
+        )
 
     physical_mesh_shape = physical_mesh.shape
     logical_mesh_shape = tuple(mesh_shape)
 
     # (Partial) assignment map as an 2-d array [p_axis, l_axis] -> size.
-    assignment = np.ones([len(physical_mesh_shape),
-                                                len(logical_mesh_shape)],
-                                              dtype=np.int64)
+    assignment = np.ones([len(physical_mesh_shape), len(logical_mesh_shape)], dtype=np.int64)
 
     # Process logical axes from highest network intensity to lowest.
     # `mesh_shape` is assumed to ordered by lowest network intensity first, so
     # reverse it.
-    for logical_axis, logical_axis_size in reversed(
-            list(enumerate(logical_mesh_shape))):
+    for logical_axis, logical_axis_size in reversed(list(enumerate(logical_mesh_shape))):
         # Go over all the possible assignment for the logical axis, including the
         # one that splits multiple physical axes.
         best_logical_axis_assignment = None
         for logical_axis_assignment in _enumerate_feasible_logical_axis_assignments(
-                physical_mesh_shape, assignment, logical_axis_size):
+            physical_mesh_shape, assignment, logical_axis_size
+        ):
             # TODO(rosun): Instead of using heuristics, replace this with a proper
             # scoring function reflecting the underlying hardware properties.
-            if (best_logical_axis_assignment is None or
-                    _prefer_first_logical_axis_assignment(
-                            logical_axis_assignment,
-                            best_logical_axis_assignment,
-                            physical_mesh_shape=physical_mesh_shape,
-                            assignment=assignment,
-                    )):
+            if best_logical_axis_assignment is None or _prefer_first_logical_axis_assignment(
+                logical_axis_assignment,
+                best_logical_axis_assignment,
+                physical_mesh_shape=physical_mesh_shape,
+                assignment=assignment,
+            ):
                 best_logical_axis_assignment = logical_axis_assignment
-        assignment[:,
-                              logical_axis] = best_logical_axis_assignment  # type: ignore  # numpy 2.2
+        assignment[:, logical_axis] = best_logical_axis_assignment  # type: ignore  # numpy 2.2
 
     # Read out the assignment.
-    logical_mesh = _generate_logical_mesh(physical_mesh, logical_mesh_shape,
-                                                                                assignment)
+    logical_mesh = _generate_logical_mesh(physical_mesh, logical_mesh_shape, assignment)
 
     return logical_mesh, assignment
 
@@ -347,9 +342,9 @@ def _get_prime_factors(x: int) -> list[int]:
 
 
 def _enumerate_feasible_logical_axis_assignments(
-        physical_mesh_shape: Sequence[int],
-        assignment: np.ndarray,
-        logical_axis_size: int,
+    physical_mesh_shape: Sequence[int],
+    assignment: np.ndarray,
+    logical_axis_size: int,
 ) -> Generator[np.ndarray, None, None]:
     """Yields feasible assignments for a single logical axis.
 
@@ -374,17 +369,14 @@ def _enumerate_feasible_logical_axis_assignments(
     for factor in _get_prime_factors(logical_axis_size):
         logical_axis_factors[factor] += 1
 
-    available_physical_mesh_shape = np.array(physical_mesh_shape) // np.prod(
-            assignment, axis=-1)
+    available_physical_mesh_shape = np.array(physical_mesh_shape) // np.prod(assignment, axis=-1)
 
     # To enable efficient enumerations, we first index physical axes by their
     # prime factors. Since we know the prime factorization of the logical axis
     # size, we could simply enumerate by picking the correct count for each
     # prime factor.
-    physical_axes_by_factor: MutableMapping[int, list[int]] = (
-            collections.defaultdict(list))
-    for physical_axis, physical_axis_size in enumerate(
-            available_physical_mesh_shape):
+    physical_axes_by_factor: MutableMapping[int, list[int]] = collections.defaultdict(list)
+    for physical_axis, physical_axis_size in enumerate(available_physical_mesh_shape):
         for factor in _get_prime_factors(physical_axis_size):
             if factor not in logical_axis_factors:
                 continue
@@ -395,9 +387,8 @@ def _enumerate_feasible_logical_axis_assignments(
     for factor, multiplicity in logical_axis_factors.items():
         factors.append(factor)
         assignments_by_factor.append(
-                set(
-                        itertools.combinations(physical_axes_by_factor[factor],
-                                                                      multiplicity)))
+            set(itertools.combinations(physical_axes_by_factor[factor], multiplicity))
+        )
 
     for axis_assignment in itertools.product(*assignments_by_factor):
         result = np.ones([len(physical_mesh_shape)], dtype=np.int64)
@@ -408,9 +399,9 @@ def _enumerate_feasible_logical_axis_assignments(
 
 
 def _generate_logical_mesh(
-        physical_mesh: np.ndarray,
-        logical_mesh_shape: Sequence[int],
-        assignment: np.ndarray,
+    physical_mesh: np.ndarray,
+    logical_mesh_shape: Sequence[int],
+    assignment: np.ndarray,
 ) -> np.ndarray:
     """Compute the logical mesh from assignment map.
 
@@ -423,15 +414,13 @@ def _generate_logical_mesh(
         Logical mesh reshaped from physical mesh.
     """
     physical_indices = np.broadcast_to(
-            np.expand_dims(
-                    np.arange(len(physical_mesh.shape), dtype=np.int64), axis=-1),
-            assignment.shape,
+        np.expand_dims(np.arange(len(physical_mesh.shape), dtype=np.int64), axis=-1),
+        assignment.shape,
     ).reshape([-1])
 
     logical_indices = np.broadcast_to(
-            np.expand_dims(
-                    np.arange(len(logical_mesh_shape), dtype=np.int64), axis=0),
-            assignment.shape,
+        np.expand_dims(np.arange(len(logical_mesh_shape), dtype=np.int64), axis=0),
+        assignment.shape,
     ).reshape([-1])
 
     # Axes of logical mesh is ordered by (physical_axis, logical_axis).
@@ -446,13 +435,12 @@ def _generate_logical_mesh(
     logical_mesh = np.reshape(physical_mesh, assignment.reshape([-1]))
 
     # We will then group by l_axis as this is what is expected from output.
-    _, _, transpose_axes = zip(*sorted(
-            zip(logical_indices, physical_indices, range(len(logical_indices)))))
-    logical_mesh = np.transpose(logical_mesh,
-                                                            transpose_axes)  # type: ignore  # numpy 2.2
+    _, _, transpose_axes = zip(
+        *sorted(zip(logical_indices, physical_indices, range(len(logical_indices))))
+    )
+    logical_mesh = np.transpose(logical_mesh, transpose_axes)  # type: ignore  # numpy 2.2
 
     # Reshape to add the trivial dimensions back.
-    logical_mesh = np.reshape(logical_mesh,
-                                                        logical_mesh_shape)  # type: ignore  # numpy 2.2
+    logical_mesh = np.reshape(logical_mesh, logical_mesh_shape)  # type: ignore  # numpy 2.2
 
     return logical_mesh

@@ -123,10 +123,6 @@ def enforced(rt: Any) -> bool:
     return _state(rt).enforce
 
 
-class ResourceExhaustedError(RuntimeError):
-    """A RuntimeError like the one PJRT raises when a device buffer does not fit in HBM."""
-
-
 def _hbm_name(rt: Any, device: int) -> str:
     attrs = device_attributes(rt.spec)[device]
     x, y, z = attrs["coords"]
@@ -145,7 +141,7 @@ def check_fits(rt: Any, t: Any, new: TensorSharding | None) -> None:
             chip = device // spec.devices_per_chip
             if per_chip[chip] + need[device] > capacity:
                 free = capacity - per_chip[chip]
-                raise ResourceExhaustedError(
+                raise RuntimeError(
                     "Bad StatusOr access: RESOURCE_EXHAUSTED: Error allocating device buffer: "
                     f"Attempting to allocate {human_bytes(need[device])}. That was not "
                     f"possible. There are {human_bytes(max(free, 0))} free.; "

@@ -9,7 +9,7 @@ Copyright: the PyTorch/XLA authors (BSD-3-Clause); adapted for the simulator.
 """
 
 # The numpy/assert idioms are torch_xla's; keeping them is the point of this module.
-# ruff: noqa: E711, SIM108
+# ruff: noqa: E711, SIM108, B905, UP033
 
 from __future__ import annotations
 

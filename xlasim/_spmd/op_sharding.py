@@ -130,7 +130,9 @@ class OpSharding:
     def sharding_type(self) -> int:
         """``ShardingUtil::GetShardingType``."""
         if self._type == ProtoType.OTHER:
-            return int(ShardingKind.PARTIAL if self._last_tile_dim_replicate else ShardingKind.TILED)
+            return int(
+                ShardingKind.PARTIAL if self._last_tile_dim_replicate else ShardingKind.TILED
+            )
         return {
             ProtoType.REPLICATED: ShardingKind.REPLICATED,
             ProtoType.MAXIMAL: ShardingKind.MAXIMAL,
@@ -149,7 +151,9 @@ class OpSharding:
             return "{unknown}"
         if self._type == ProtoType.MAXIMAL:
             return f"{{maximal device={self._devices[0]}}}"
-        text = "devices=[" + ",".join(map(str, self._dims)) + "]" + ",".join(map(str, self._devices))
+        text = (
+            "devices=[" + ",".join(map(str, self._dims)) + "]" + ",".join(map(str, self._devices))
+        )
         suffix = " last_tile_dim_replicate" if self._last_tile_dim_replicate else ""
         return "{" + text + suffix + "}"
 
@@ -169,12 +173,9 @@ class OpSharding:
         return f"<_XLAC.OpSharding object at {hex(id(self))}>"
 
 
-class XlaCheckError(RuntimeError):
-    """Raised where torch_xla's C++ fails an ``XLA_CHECK`` (surfaces as RuntimeError)."""
-
-
-def check_failed(condition: str, message: str) -> XlaCheckError:
-    return XlaCheckError(f"Check failed: {condition}: {message}")
+def check_failed(condition: str, message: str) -> RuntimeError:
+    """The error a failed ``XLA_CHECK`` surfaces as in Python: a plain RuntimeError."""
+    return RuntimeError(f"Check failed: {condition}: {message}")
 
 
 _MAX_TILE_RANK = 5

@@ -335,8 +335,7 @@ def _spmd_shard_to_full_shape(
     current = x._sharding
     if current is None or current.op.proto_type != ProtoType.MANUAL:
         raise check_failed(
-            "sharding_spec != nullptr && sharding_spec->sharding.type() == "
-            "xla::OpSharding::MANUAL",
+            "sharding_spec != nullptr && sharding_spec->sharding.type() == xla::OpSharding::MANUAL",
             "Input tensor is not manual sharded",
         )
     raise NotImplementedError(
