@@ -1,0 +1,194 @@
+"""Import redirection: inside a simulation, ``import torch_xla`` gives the simulated modules.
+
+The simulated module tree lives in ``xlasim/torch_xla`` and is imported under the real names
+(``torch_xla.runtime``...), so tracebacks, pickling and ``__name__`` checks look as they would
+with the real package. Activation is a stack: the outermost entry swaps the modules in, the
+outermost exit puts back whatever ``torch_xla`` modules were there before.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import importlib.machinery
+import os
+import sys
+import threading
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any, TypeVar
+
+_SURFACE_PARENT = os.path.dirname(os.path.abspath(__file__))
+_lock = threading.RLock()
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _is_torch_xla(name: str) -> bool:
+    return name == "torch_xla" or name.startswith("torch_xla.")
+
+
+class _SimFinder(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname: str, path: Any = None, target: ModuleType | None = None):
+        if not _is_torch_xla(fullname):
+            return None
+        if fullname == "torch_xla":
+            spec = importlib.machinery.PathFinder.find_spec(fullname, [_SURFACE_PARENT])
+        else:
+            parent = sys.modules.get(fullname.rpartition(".")[0])
+            search = list(getattr(parent, "__path__", []) or [])
+            spec = importlib.machinery.PathFinder.find_spec(fullname, search) if search else None
+        if spec is None:
+            raise ModuleNotFoundError(
+                f"No module named {fullname!r}: xlasim does not simulate this part of "
+                "torch_xla (see docs/supported.md)",
+                name=fullname,
+            )
+        return spec
+
+
+class _LazyFinder(importlib.abc.MetaPathFinder):
+    """Installed by environment activation: activates on the first ``import torch_xla``.
+
+    Keeps interpreter start-up free of torch imports for processes that never use torch_xla.
+    """
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+
+    def find_spec(self, fullname: str, path: Any = None, target: ModuleType | None = None):
+        if not _is_torch_xla(fullname):
+            return None
+        with _lock:
+            if self in sys.meta_path:
+                sys.meta_path.remove(self)
+            if not _entries:
+                simulate(**self.config).__enter__()
+        return _FINDER.find_spec(fullname, path, target)
+
+
+_FINDER = _SimFinder()
+_entries: list[Any] = []
+_stashed_modules: dict[str, ModuleType] = {}
+
+
+def _real_torch_xla_loaded() -> bool:
+    xlac = sys.modules.get("torch_xla._XLAC")
+    return xlac is not None and str(getattr(xlac, "__file__", "")).endswith(".so")
+
+
+def _swap_in() -> None:
+    from xlasim import _device, _tensor
+
+    if _real_torch_xla_loaded():
+        raise RuntimeError(
+            "xlasim cannot simulate torch_xla in a process where the real torch_xla runtime "
+            "is already loaded (its SPMD mode and device state are process-global); run the "
+            "simulation in a fresh process, e.g. `xlasim run -- python ...`"
+        )
+    _device.ensure_device_guard()
+    _stashed_modules.clear()
+    for name in [n for n in sys.modules if _is_torch_xla(n)]:
+        _stashed_modules[name] = sys.modules.pop(name)
+    sys.meta_path.insert(0, _FINDER)
+    _tensor.FACTORY_KERNELS.register()
+
+
+def _swap_out() -> None:
+    from xlasim import _tensor
+
+    _tensor.FACTORY_KERNELS.unregister()
+    if _FINDER in sys.meta_path:
+        sys.meta_path.remove(_FINDER)
+    for name in [n for n in sys.modules if _is_torch_xla(n)]:
+        del sys.modules[name]
+    sys.modules.update(_stashed_modules)
+    _stashed_modules.clear()
+
+
+class simulate:  # noqa: N801 - used like a function: `with xlasim.simulate(...)`
+    """Runs code against a simulated TPU slice.
+
+    Usable as a context manager or a decorator; each entry gets a fresh simulated runtime
+    (metrics, compiled graphs, SPMD mode) and nested entries stack.
+    """
+
+    def __init__(
+        self,
+        topology: str = "2x2",
+        accelerator: str | None = None,
+        host_index: int = 0,
+    ) -> None:
+        from tpu_backend.topology import parse_slice
+
+        self.spec = parse_slice(topology, accelerator)
+        self.host_index = host_index
+        self._runtimes: list[Any] = []
+        # Validate the host index now, before anything is swapped in.
+        from xlasim._runtime import SimRuntime
+
+        SimRuntime(self.spec, host_index)
+
+    def __enter__(self) -> Any:
+        from xlasim import _runtime
+
+        with _lock:
+            runtime = _runtime.SimRuntime(self.spec, self.host_index)
+            if not _entries:
+                _swap_in()
+            runtime.save_env()
+            # Inside the simulation torch_xla would see a TPU; never a stray CPU selection.
+            os.environ.pop("PJRT_DEVICE", None)
+            _runtime.push(runtime)
+            _entries.append(self)
+            self._runtimes.append(runtime)
+        return runtime
+
+    def __exit__(self, *exc: object) -> None:
+        from xlasim import _runtime
+
+        with _lock:
+            runtime = self._runtimes.pop()
+            _runtime.pop(runtime)
+            _entries.remove(self)
+            runtime.restore_env()
+            if not _entries:
+                _swap_out()
+
+    def __call__(self, func: F) -> F:
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with self:
+                return func(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+
+def is_active() -> bool:
+    return bool(_entries)
+
+
+def activate_from_env(environ: os._Environ[str] | dict[str, str] = os.environ) -> None:
+    """Arranges for this process to import the simulator (``XLASIM_*`` variables)."""
+    config = config_from_env(environ)
+    if config is None:
+        return
+    sys.meta_path.insert(0, _LazyFinder(config))
+
+
+def config_from_env(environ: Any = os.environ) -> dict[str, Any] | None:
+    topology = environ.get("XLASIM_TOPOLOGY")
+    if not topology:
+        return None
+    host = environ.get("XLASIM_HOST_INDEX", "0")
+    try:
+        host_index = int(host)
+    except ValueError:
+        raise ValueError(
+            f"XLASIM_HOST_INDEX={host!r} is not a valid host index: expected an integer"
+        ) from None
+    return {
+        "topology": topology,
+        "accelerator": environ.get("XLASIM_ACCELERATOR") or None,
+        "host_index": host_index,
+    }

@@ -1,0 +1,97 @@
+"""The ``xla`` device type on stock PyTorch.
+
+Stock torch knows the XLA device type and dispatch key but ships no device guard and no kernels
+for it. Autograd needs a guard for every device a tensor lives on, and nothing exposes one to
+Python on every torch version we support, so we JIT-build a one-line C++ extension that registers
+c10's ``FakeGuardImpl`` for XLA (built once per torch version, then cached by torch). Factory
+kernels for the XLA key are registered from Python while a simulation is active, so that
+``torch.empty(..., device='xla')`` and ``cpu_tensor.to('xla')`` produce simulated tensors.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from collections.abc import Callable
+
+import torch
+
+_GUARD_SOURCE = r"""
+#include <c10/core/impl/FakeGuardImpl.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+C10_REGISTER_GUARD_IMPL(XLA, c10::impl::FakeGuardImpl<c10::DeviceType::XLA>);
+"""
+
+_lock = threading.Lock()
+_guard_ready = False
+
+
+def _extension_name() -> str:
+    return "xlasim_xla_guard_" + re.sub(r"\W", "_", torch.__version__)
+
+
+def ensure_device_guard() -> None:
+    """Registers a device guard for the XLA device type (once per process)."""
+    global _guard_ready
+    if _guard_ready:
+        return
+    with _lock:
+        if _guard_ready:
+            return
+        from torch.utils import cpp_extension
+
+        build_dir = os.environ.get("XLASIM_EXTENSIONS_DIR")
+        if build_dir:
+            build_dir = os.path.join(build_dir, _extension_name())
+            os.makedirs(build_dir, exist_ok=True)
+        try:
+            cpp_extension.load_inline(
+                name=_extension_name(),
+                cpp_sources=[_GUARD_SOURCE],
+                is_python_module=False,
+                build_directory=build_dir,
+                verbose=False,
+            )
+        except (RuntimeError, OSError) as exc:  # compiler or ninja missing
+            raise RuntimeError(
+                "xlasim could not build its XLA device-guard extension (it needs a C++ compiler "
+                "such as g++ and the `ninja` package): " + str(exc)
+            ) from exc
+        _guard_ready = True
+
+
+class FactoryKernels:
+    """XLA-key kernels for the factory ops stock torch routes to a device without inputs.
+
+    Registered on activation and removed on deactivation, so that a process where the real
+    torch_xla is loaded later is left as it was.
+    """
+
+    def __init__(self, wrap_new: Callable[[torch.Tensor, torch.device], torch.Tensor]) -> None:
+        self._wrap_new = wrap_new
+        self._lib: torch.library.Library | None = None
+
+    def register(self) -> None:
+        if self._lib is not None:
+            return
+        wrap_new = self._wrap_new
+        lib = torch.library.Library("aten", "IMPL", "XLA")
+
+        def empty_memory_format(
+            size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None
+        ):
+            cpu = torch.empty(size, dtype=dtype, layout=layout, memory_format=memory_format)
+            return wrap_new(cpu, device)
+
+        def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
+            return wrap_new(torch.empty_strided(size, stride, dtype=dtype, layout=layout), device)
+
+        lib.impl("empty.memory_format", empty_memory_format)
+        lib.impl("empty_strided", empty_strided)
+        self._lib = lib
+
+    def unregister(self) -> None:
+        if self._lib is not None:
+            self._lib._destroy()
+            self._lib = None

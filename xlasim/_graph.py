@@ -1,0 +1,238 @@
+"""Lazy-graph accounting: what real torch_xla would compile, and when.
+
+Every simulated op computes eagerly on CPU (so numerics equal eager torch) and also records an IR
+node whose hash covers the op, its non-float arguments, its output shape/dtype and its inputs'
+hashes — the same things torch_xla's graph hash covers. A sync turns the live tensors' pending
+nodes into one graph; a graph hash seen before is a ``CachedCompile``, a new one an
+``UncachedCompile`` (or a ``PersistentCacheHit`` when the on-disk cache has it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import weakref
+import zlib
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from xlasim._runtime import SimRuntime
+
+_stable_ids: dict[Any, int] = {}
+
+
+def stable_id(obj: Any) -> int:
+    """A process-independent id for an op or dtype (``hash(str)`` is salted per process)."""
+    value = _stable_ids.get(obj)
+    if value is None:
+        value = _stable_ids[obj] = zlib.crc32(str(obj).encode())
+    return value
+
+
+class Node:
+    """A pending IR value: the op that makes a tensor and the values it consumes."""
+
+    __slots__ = ("hash", "op", "inputs")
+
+    def __init__(self, hash_: int, op: Any, inputs: tuple[Any, ...]) -> None:
+        self.hash = hash_
+        self.op = op
+        self.inputs = inputs
+
+
+@dataclass(frozen=True)
+class InputInfo:
+    """A device-data input of a graph: what torch_xla keys a compiled graph on."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    sharding: str = ""
+
+    def describe(self) -> str:
+        text = f"shape {list(self.shape)} dtype {str(self.dtype).replace('torch.', '')}"
+        return text + (f" sharding {self.sharding}" if self.sharding else "")
+
+
+@dataclass
+class GraphRecord:
+    key: int
+    site: str
+    ops: tuple[str, ...]
+    inputs: tuple[InputInfo, ...]
+    num_outputs: int
+    executions: int = 0
+
+
+@dataclass
+class Recompilation:
+    """A graph compiled at a site that had already compiled a different graph."""
+
+    site: str
+    previous: GraphRecord
+    current: GraphRecord
+    changes: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        lines = [f"graph recompiled at {self.site}:"]
+        lines += [f"  - {c}" for c in self.changes] or ["  - the traced ops differ"]
+        return "\n".join(lines)
+
+
+def _collect(outputs: Iterable[Node]) -> tuple[tuple[str, ...], tuple[InputInfo, ...]]:
+    """Post-order walk of the pending graph: op names and device-data inputs, in order."""
+    ops: list[str] = []
+    inputs: list[InputInfo] = []
+    seen: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(n, False) for n in reversed(list(outputs))]
+    while stack:
+        item, expanded = stack.pop()
+        if isinstance(item, InputInfo):
+            inputs.append(item)
+            continue
+        if not isinstance(item, Node) or id(item) in seen:
+            continue
+        if expanded:
+            seen.add(id(item))
+            ops.append(str(item.op))
+            continue
+        stack.append((item, True))
+        stack.extend((i, False) for i in reversed(item.inputs))
+    return tuple(ops), tuple(inputs)
+
+
+def _user_site() -> str:
+    """The first frame outside xlasim/torch: where the user's code cut the graph."""
+    frame = sys._getframe(2)
+    skip = (os.path.dirname(__file__), os.path.dirname(torch.__file__))
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if not filename.startswith(skip) and "importlib" not in filename:
+            return f"{filename}:{frame.f_lineno} in {frame.f_code.co_name}"
+        frame = frame.f_back  # type: ignore[assignment]
+    return "<unknown>"
+
+
+def _diff(previous: GraphRecord, current: GraphRecord) -> list[str]:
+    changes = []
+    for i, (old, new) in enumerate(zip(previous.inputs, current.inputs)):
+        if old != new:
+            changes.append(f"input {i} changed from {old.describe()} to {new.describe()}")
+    if len(previous.inputs) != len(current.inputs):
+        changes.append(
+            f"number of inputs changed from {len(previous.inputs)} to {len(current.inputs)}"
+        )
+    if previous.ops != current.ops:
+        old_ops, new_ops = set(previous.ops), set(current.ops)
+        added, removed = sorted(new_ops - old_ops), sorted(old_ops - new_ops)
+        if added or removed:
+            changes.append(f"ops changed: added {added or 'none'}, removed {removed or 'none'}")
+        elif not changes:
+            changes.append("the same ops were traced in a different order or count")
+    if previous.num_outputs != current.num_outputs:
+        changes.append(f"outputs changed from {previous.num_outputs} to {current.num_outputs}")
+    return changes
+
+
+class GraphCache:
+    """Compiled-graph bookkeeping of one simulated process."""
+
+    def __init__(self, runtime: SimRuntime) -> None:
+        self._runtime = runtime
+        self.compiled: dict[int, GraphRecord] = {}
+        self.last_at_site: dict[str, GraphRecord] = {}
+        self.recompilations: list[Recompilation] = []
+        # Tensors that got a pending node; dead references are dropped at the next sync.
+        self.pending: list[weakref.ReferenceType[Any]] = []
+        self.initialized = False
+
+    # -- persistent cache --------------------------------------------------------------
+    def _persistent_dir(self) -> tuple[str | None, bool]:
+        path = os.environ.get("XLA_PERSISTENT_CACHE_PATH")
+        readonly = os.environ.get("XLA_PERSISTENT_CACHE_READ_ONLY", "0") == "1"
+        return path or None, readonly
+
+    def _lookup(self, key: int) -> bool:
+        """torch_xla's LookupCachedCompile with its PersistentCache in front of memory."""
+        metrics = self._runtime.metrics
+        self.initialized = True
+        if key in self.compiled:
+            metrics.inc("CachedCompile")
+            return True
+        path, _ = self._persistent_dir()
+        if path is not None:
+            os.makedirs(path, exist_ok=True)
+            entry = os.path.join(path, f"{key & (2**64 - 1):016x}")
+            if os.path.exists(entry):
+                start = time.perf_counter_ns()
+                with open(entry, encoding="utf-8") as f:
+                    json.load(f)
+                metrics.add_sample("PersistentCacheLoad", time.perf_counter_ns() - start)
+                metrics.inc("PersistentCacheHit")
+                metrics.inc("CachedCompile")
+                return True
+            metrics.inc("PersistentCacheMiss")
+        metrics.inc("UncachedCompile")
+        return False
+
+    def _store(self, record: GraphRecord) -> None:
+        self.compiled[record.key] = record
+        path, readonly = self._persistent_dir()
+        if path is None or readonly:
+            return
+        entry = os.path.join(path, f"{record.key & (2**64 - 1):016x}")
+        if not os.path.exists(entry):
+            tmp = f"{entry}.{os.getpid()}.tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump({"site": record.site, "ops": list(record.ops)}, f)
+            os.replace(tmp, entry)
+
+    # -- execution ---------------------------------------------------------------------
+    def live_pending(self) -> list[Any]:
+        seen: set[int] = set()
+        live = []
+        for ref in self.pending:
+            t = ref()
+            if t is not None and t._node is not None and id(t) not in seen:
+                seen.add(id(t))
+                live.append(t)
+        live.sort(key=lambda t: t._seq)
+        return live
+
+    def execute(self, tensors: list[Any], *, sync_all: bool) -> None:
+        """Compiles (or reuses) and "runs" the graph that materializes ``tensors``."""
+        if sync_all:
+            self.pending = []
+        tensors = [t for t in tensors if t._node is not None]
+        if not tensors:
+            return
+        start = time.perf_counter_ns()
+        nodes = [t._node for t in tensors]
+        key = hash(tuple(n.hash for n in nodes))
+        metrics = self._runtime.metrics
+        cached = self._lookup(key)
+        site = _user_site()
+        if cached and key in self.compiled:
+            record = self.compiled[key]
+        else:
+            ops, inputs = _collect(nodes)
+            record = GraphRecord(key, site, ops, inputs, len(nodes))
+            previous = self.last_at_site.get(site)
+            if not cached and previous is not None and previous.key != key:
+                self.recompilations.append(
+                    Recompilation(site, previous, record, _diff(previous, record))
+                )
+            self._store(record)
+            if not cached:
+                metrics.add_sample("CompileTime", time.perf_counter_ns() - start)
+        self.last_at_site[site] = record
+        record.executions += 1
+        for t in tensors:
+            t._node = None
+        metrics.inc("ExecuteComputation")
+        metrics.add_sample("ExecuteTime", time.perf_counter_ns() - start)

@@ -1,0 +1,116 @@
+"""Counters and metrics under torch_xla's own names.
+
+Only the names the simulator can account for honestly are ever created; a name that real
+torch_xla would report but the simulator cannot reproduce (per-op ``xla::*`` lowering counters,
+``CreateXlaTensor``...) is never invented.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+# Real torch_xla keeps a bounded circular buffer of samples per metric.
+_MAX_SAMPLES = 1024
+
+# Metrics whose values are durations (nanoseconds), formatted like torch_xla's reports.
+TIME_METRICS = frozenset(
+    {"CompileTime", "ExecuteTime", "TransferToDeviceTime", "TransferFromDeviceTime"}
+)
+
+
+@dataclass
+class _Metric:
+    total: int = 0
+    accumulator: float = 0.0
+    samples: list[tuple[float, float]] = field(default_factory=list)
+
+    def add(self, value: float) -> None:
+        self.total += 1
+        self.accumulator += value
+        self.samples.append((time.time_ns(), float(value)))
+        if len(self.samples) > _MAX_SAMPLES:
+            del self.samples[0]
+
+
+class Metrics:
+    """The counters/metrics store of one simulated process."""
+
+    def __init__(self) -> None:
+        self._counters: dict[str, int] = {}
+        self._metrics: dict[str, _Metric] = {}
+
+    def inc(self, name: str, by: int = 1) -> None:
+        self._counters[name] = self._counters.get(name, 0) + by
+
+    def add_sample(self, name: str, value: float) -> None:
+        metric = self._metrics.get(name)
+        if metric is None:
+            metric = self._metrics[name] = _Metric()
+        metric.add(value)
+
+    # Real torch_xla hides zero-valued counters and empty metrics after a clear.
+    def counter_names(self) -> list[str]:
+        return [n for n, v in self._counters.items() if v]
+
+    def counter_value(self, name: str) -> int | None:
+        value = self._counters.get(name)
+        return value or None
+
+    def metric_names(self) -> list[str]:
+        return [n for n, m in self._metrics.items() if m.total]
+
+    def metric_data(self, name: str) -> tuple[int, float, list[tuple[float, float]]] | None:
+        metric = self._metrics.get(name)
+        if metric is None or not metric.total:
+            return None
+        return metric.total, metric.accumulator, list(metric.samples)
+
+    def clear_counters(self) -> None:
+        self._counters.clear()
+
+    def clear_metrics(self) -> None:
+        self._metrics.clear()
+
+    def report(
+        self, counter_names: list[str] | None = None, metric_names: list[str] | None = None
+    ) -> str:
+        lines: list[str] = []
+        for name in metric_names if metric_names is not None else self.metric_names():
+            data = self.metric_data(name)
+            if data is None:
+                continue
+            total, acc, samples = data
+            fmt = _format_ns if name in TIME_METRICS else _format_plain
+            lines.append(f"Metric: {name}")
+            lines.append(f"  TotalSamples: {total}")
+            lines.append(f"  Accumulator: {fmt(acc)}")
+            values = sorted(v for _, v in samples)
+            pct = "; ".join(
+                f"{p}%={fmt(values[min(len(values) - 1, int(len(values) * p / 100))])}"
+                for p in (1, 5, 10, 20, 50, 80, 90, 95, 99)
+            )
+            lines.append(f"  Percentiles: {pct}")
+        for name in counter_names if counter_names is not None else self.counter_names():
+            value = self.counter_value(name)
+            if value is None:
+                continue
+            lines.append(f"Counter: {name}")
+            lines.append(f"  Value: {value}")
+        return "\n".join(lines) + ("\n" if lines else "")
+
+
+def _format_plain(value: float) -> str:
+    return f"{value:g}"
+
+
+def _format_ns(value: float) -> str:
+    """Formats nanoseconds the way torch_xla's metrics report does (e.g. ``031ms331.307us``)."""
+    ns = int(value)
+    parts = []
+    for unit, size in (("s", 10**9), ("ms", 10**6)):
+        if ns >= size or parts:
+            parts.append(f"{ns // size:02d}{unit}" if not parts else f"{ns // size:03d}{unit}")
+            ns %= size
+    parts.append(f"{ns // 1000:03d}.{ns % 1000:03d}us")
+    return "".join(parts)

@@ -1,0 +1,276 @@
+"""Simulated ``xla`` device tensors: a wrapper subclass around a CPU tensor.
+
+Ops compute eagerly on the wrapped CPU tensor, so results equal eager CPU torch bit for bit,
+while each op also records a lazy-IR node (see ``_graph``) so compile accounting follows what
+real torch_xla would do with the same program.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+import weakref
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_map
+
+from xlasim import _runtime
+from xlasim._device import FactoryKernels
+from xlasim._graph import InputInfo, Node, stable_id
+
+aten = torch.ops.aten
+
+_CPU = torch.device("cpu")
+_creation_order = itertools.count()
+
+# Ops whose result carries the very IR value of their input in torch_xla (no new node).
+_IDENTITY_OPS = frozenset({aten.detach.default, aten.alias.default, aten.lift_fresh.default})
+_devices: dict[int, torch.device] = {}
+
+
+def xla_device(index: int | None) -> torch.device:
+    index = index or 0
+    dev = _devices.get(index)
+    if dev is None:
+        dev = _devices[index] = torch.device("xla", index)
+    return dev
+
+
+class XlaSimTensor(torch.Tensor):
+    _elem: torch.Tensor
+    _node: Node | None
+    _sharding: Any
+
+    _seq: int
+
+    __slots__ = ("_elem", "_node", "_sharding", "_seq")
+
+    @staticmethod
+    def __new__(cls, elem: torch.Tensor, device: torch.device, node: Node | None = None):
+        r = torch.Tensor._make_wrapper_subclass(
+            cls,
+            elem.size(),
+            strides=elem.stride(),
+            storage_offset=elem.storage_offset(),
+            dtype=elem.dtype,
+            layout=elem.layout,
+            device=device,
+            requires_grad=False,
+        )
+        r._elem = elem
+        r._node = node
+        r._sharding = None
+        # torch_xla orders a graph's outputs by tensor creation; so do we.
+        r._seq = next(_creation_order)
+        return r
+
+    def __repr__(self, *, tensor_contents: Any = None) -> str:
+        materialize([self])
+        text = torch._tensor_str._str(self._elem.detach())
+        suffix = f"device='{self.device}'"
+        grad = self.grad_fn
+        extra = (
+            f", grad_fn=<{type(grad).__name__}>"
+            if grad is not None
+            else (", requires_grad=True" if self.requires_grad else "")
+        )
+        # CPU formatting ends with ")"; torch puts the device first among the suffixes.
+        body = text[:-1]
+        if ", dtype=" in body and not body.endswith("]"):
+            head, _, dtype = body.rpartition(", dtype=")
+            return f"{head}, {suffix}, dtype={dtype}{extra})"
+        return f"{body}, {suffix}{extra})"
+
+    def tolist(self) -> Any:
+        return self.cpu().tolist()
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        handler = _SPECIAL.get(func)
+        if handler is not None:
+            return handler(func, args, kwargs or {})
+        if func in _IDENTITY_OPS:
+            src = args[0]
+            out = XlaSimTensor(func(src._elem), src.device, src._node)
+            out._sharding = src._sharding
+            if src._node is not None:
+                _runtime.current().graphs.pending.append(weakref.ref(out))
+            return out
+        return _run(func, args, kwargs or {})
+
+
+def _leaf(t: XlaSimTensor) -> InputInfo:
+    sharding = t._sharding
+    return InputInfo(tuple(t.shape), t.dtype, sharding.spec_string() if sharding else "")
+
+
+def _arg_key(a: Any) -> Any:
+    """What of a non-tensor argument goes into the graph hash.
+
+    Python floats become device data in torch_xla (so changing a learning rate does not
+    recompile); ints, bools, shapes and dtypes are baked into the graph.
+    """
+    if isinstance(a, float):
+        return float
+    if isinstance(a, (list, tuple)):
+        return tuple(_arg_key(x) for x in a)
+    if isinstance(a, (torch.dtype, torch.device, torch.memory_format, torch.layout)):
+        return stable_id(a)
+    if isinstance(a, torch.Tensor):  # CPU tensor folded into the graph as a constant
+        return ("const", tuple(a.shape), stable_id(a.dtype))
+    return a
+
+
+def _run(func, args, kwargs):
+    runtime = _runtime.current()
+    device = None
+    inputs: list[Any] = []
+    elems: dict[int, XlaSimTensor] = {}
+
+    def unwrap(a):
+        nonlocal device
+        if isinstance(a, XlaSimTensor):
+            if device is None:
+                device = a.device
+            elems[id(a._elem)] = a
+            inputs.append(a._node if a._node is not None else _leaf(a))
+            return a._elem
+        if isinstance(a, torch.device) and a.type == "xla":
+            return _CPU
+        return a
+
+    cargs = tree_map(unwrap, args)
+    ckwargs = tree_map(unwrap, kwargs) if kwargs else kwargs
+    if "device" in kwargs and isinstance(kwargs["device"], torch.device):
+        device = kwargs["device"] if kwargs["device"].type == "xla" else device
+    out = func(*cargs, **ckwargs)
+    runtime.graphs.initialized = True
+    op_id = stable_id(func)
+    pending = runtime.graphs.pending
+    base = hash(
+        (
+            op_id,
+            tuple(n.hash if isinstance(n, Node) else hash((n.shape, stable_id(n.dtype)))
+                  for n in inputs),
+            tuple(_arg_key(a) for a in args if not isinstance(a, torch.Tensor)),
+        )
+    )
+    frozen_inputs = tuple(inputs)
+    device = device or xla_device(runtime.default_device_index)
+
+    def wrap(o, index=[0]):  # noqa: B006 - a per-call counter for multi-output ops
+        if not isinstance(o, torch.Tensor):
+            return o
+        index[0] += 1
+        node = Node(hash((base, index[0], tuple(o.shape), stable_id(o.dtype))), func,
+                    frozen_inputs)
+        existing = elems.get(id(o))
+        if existing is not None:  # in-place / out= ops hand back their input
+            existing._node = node
+            pending.append(weakref.ref(existing))
+            return existing
+        t = XlaSimTensor(o, device, node)
+        pending.append(weakref.ref(t))
+        return t
+
+    return tree_map(wrap, out)
+
+
+def wrap_data(elem: torch.Tensor, device: torch.device | None) -> XlaSimTensor:
+    """A device-data tensor (no pending IR), as a host-to-device transfer produces."""
+    runtime = _runtime.current()
+    index = device.index if device is not None and device.index is not None else (
+        runtime.default_device_index
+    )
+    return XlaSimTensor(elem, xla_device(index))
+
+
+def wrap_factory(elem: torch.Tensor, device: torch.device | None) -> XlaSimTensor:
+    """A tensor made on the device by a factory op: pending IR, like torch_xla's constants."""
+    t = wrap_data(elem, device)
+    runtime = _runtime.current()
+    t._node = Node(hash((stable_id("factory"), tuple(elem.shape), stable_id(elem.dtype))),
+                   "aten::empty", ())
+    runtime.graphs.pending.append(weakref.ref(t))
+    return t
+
+
+def materialize(tensors: list[XlaSimTensor]) -> None:
+    """Runs the graph needed for ``tensors`` only (what ``_to_cpu`` does in torch_xla)."""
+    if any(t._node is not None for t in tensors):
+        _runtime.current().graphs.execute(tensors, sync_all=False)
+
+
+def _to_device_target(kwargs: dict[str, Any]) -> torch.device | None:
+    dev = kwargs.get("device")
+    return torch.device(dev) if dev is not None else None
+
+
+def _to_copy(func, args, kwargs):
+    src = args[0]
+    target = _to_device_target(kwargs)
+    cpu_kwargs = {k: v for k, v in kwargs.items() if k != "device"}
+    if target is not None and target.type != "xla":
+        # Device to host: runs the pending graph first, then transfers.
+        runtime = _runtime.current()
+        materialize([src])
+        start = time.perf_counter_ns()
+        out = aten._to_copy.default(src._elem, **cpu_kwargs)
+        if target.type != "cpu":
+            out = out.to(target)
+        runtime.metrics.add_sample("TransferFromDeviceTime", time.perf_counter_ns() - start)
+        return out
+    if target is not None and target.index is not None and target.index != src.device.index:
+        # Device to device copy: a new device-data tensor on the other device.
+        materialize([src])
+        return wrap_data(aten._to_copy.default(src._elem, **cpu_kwargs), target)
+    return _run(func, args, kwargs)
+
+
+def _copy_(func, args, kwargs):
+    dst, src = args[0], args[1]
+    if isinstance(dst, XlaSimTensor) and not isinstance(src, XlaSimTensor):
+        # Host to device transfer into an existing device tensor: it becomes device data.
+        runtime = _runtime.current()
+        start = time.perf_counter_ns()
+        dst._elem.copy_(src, **kwargs)
+        dst._node = None
+        runtime.metrics.add_sample("TransferToDeviceTime", time.perf_counter_ns() - start)
+        return dst
+    if not isinstance(dst, XlaSimTensor):
+        materialize([src])
+        dst.copy_(src._elem, **kwargs)
+        return dst
+    return _run(func, args, kwargs)
+
+
+def _local_scalar_dense(func, args, kwargs):
+    src = args[0]
+    runtime = _runtime.current()
+    materialize([src])
+    # torch_xla has no lowering for it: it is a CPU fallback, counted as such.
+    runtime.metrics.inc("aten::_local_scalar_dense")
+    start = time.perf_counter_ns()
+    value = func(src._elem)
+    runtime.metrics.add_sample("TransferFromDeviceTime", time.perf_counter_ns() - start)
+    return value
+
+
+def _unsupported(name: str):
+    def handler(func, args, kwargs):
+        raise NotImplementedError(f"xlasim does not simulate {name} on xla tensors")
+
+    return handler
+
+
+_SPECIAL = {
+    aten._to_copy.default: _to_copy,
+    aten.copy_.default: _copy_,
+    aten._local_scalar_dense.default: _local_scalar_dense,
+}
+
+
+FACTORY_KERNELS = FactoryKernels(wrap_factory)

@@ -1,0 +1,32 @@
+"""Simulated torch_xla (xlasim): imported as ``torch_xla`` inside a simulation."""
+
+import torch  # noqa: F401 - real torch_xla imports torch first as well
+
+from . import _XLAC  # noqa: F401
+from .version import __version__
+from .torch_xla import (  # noqa: F401
+    compile,
+    device,
+    device_count,
+    devices,
+    launch,
+    manual_seed,
+    real_devices,
+    step,
+    sync,
+)
+from . import runtime  # noqa: E402,F401
+from .core import xla_model  # noqa: E402,F401
+
+__all__ = [
+    "__version__",
+    "compile",
+    "device",
+    "device_count",
+    "devices",
+    "launch",
+    "manual_seed",
+    "real_devices",
+    "step",
+    "sync",
+]

@@ -1,0 +1,325 @@
+"""Simulated ``torch_xla.core.xla_model``."""
+
+from __future__ import annotations
+
+import io
+import re
+import sys
+from collections.abc import Callable
+from typing import Any, TextIO, TypedDict
+
+import torch
+from torch import optim
+from typing_extensions import deprecated
+
+import torch_xla
+import torch_xla.runtime as runtime
+
+from xlasim import _memory, _tensor
+
+REDUCE_SUM = "sum"
+REDUCE_MUL = "mul"
+REDUCE_AND = "and"
+REDUCE_OR = "or"
+REDUCE_MIN = "min"
+REDUCE_MAX = "max"
+
+
+class DeviceContext:
+    def __init__(self, device: str | torch.device) -> None:
+        self.device = device
+
+
+def _get_device_context(device: str | torch.device | None = None) -> DeviceContext:
+    from xlasim import _runtime
+
+    contexts = _runtime.current().extras.setdefault("device_contexts", {})
+    key = str(device) if device is not None else torch_xla._XLAC._xla_get_default_device()
+    if key not in contexts:
+        contexts[key] = DeviceContext(key)
+    return contexts[key]
+
+
+def is_xla_tensor(tensor: torch.Tensor) -> bool:
+    return tensor.device.type == "xla"
+
+
+def get_xla_supported_devices(max_devices: int | None = None) -> list[str]:
+    devices = torch_xla._XLAC._xla_get_devices()
+    return [f"xla:{i}" for i, _ in enumerate(devices[:max_devices] if max_devices else devices)]
+
+
+def get_local_ordinal() -> int:
+    return runtime.local_ordinal()
+
+
+def is_master_ordinal(local: bool = True) -> bool:
+    ordinal = get_local_ordinal() if local else runtime.global_ordinal()
+    return ordinal == 0
+
+
+def master_print(*args: Any, fd: TextIO = sys.stdout, local: bool = False,
+                 flush: bool = False) -> None:
+    if is_master_ordinal(local=local):
+        print(*args, file=fd, flush=flush)
+
+
+@deprecated("Use torch_xla.device instead")
+def xla_device(n: int | None = None, devkind: str | None = None) -> torch.device:
+    del devkind
+    return torch_xla.device(n)
+
+
+def _xla_real_device(device: str | torch.device) -> Any:
+    device_str = str(device)
+    m = re.match(r"xla:(\d+)$", device_str)
+    if not m:
+        raise RuntimeError(f"Invalid device format: {device_str}")
+    return torch_xla._XLAC._xla_get_devices()[int(m.group(1))]
+
+
+def xla_real_devices(devices: list[torch.device] | None = None) -> list[str]:
+    if not devices:
+        devices = get_xla_supported_devices()  # type: ignore[assignment]
+    return [_xla_real_device(d) for d in devices]  # type: ignore[union-attr]
+
+
+def xla_device_hw(device: str | torch.device) -> str:
+    return _xla_real_device(device).split(":")[0]
+
+
+def xla_device_kind(device: str | torch.device | None = None) -> str:
+    if device is None:
+        device = torch_xla._XLAC._xla_get_default_device()
+    return torch_xla._XLAC._xla_device_kind(str(device))
+
+
+def unlazy(tensors: list[torch.Tensor]) -> None:
+    torch_xla._XLAC._xla_sync_multi(tensors, devices=[], wait=True, sync_xla_data=True)
+
+
+def _fetch_gradients(optimizer: optim.Optimizer) -> list[torch.Tensor]:
+    gradients = []
+    for param_group in optimizer.__getstate__()["param_groups"]:
+        for group, params in param_group.items():
+            if group == "params":
+                for p in params:
+                    if isinstance(p, torch.Tensor) and p.grad is not None:
+                        gradients.append(p.grad.data)
+    return gradients
+
+
+def _multi_replica(name: str) -> NotImplementedError:
+    return NotImplementedError(
+        f"xlasim does not simulate xm.{name} across several replicas (xmp.spawn with more "
+        "than one process); use SPMD, where cross-host data moves through sharding"
+    )
+
+
+def all_reduce(reduce_type: str, inputs: torch.Tensor | list[torch.Tensor], scale: float = 1.0,
+               groups: list[list[int]] | None = None, pin_layout: bool = True) -> Any:
+    if runtime.world_size() == 1:
+        # torch_xla returns a clone with the scale NOT applied when there is one replica.
+        return inputs.clone() if isinstance(inputs, torch.Tensor) else inputs
+    raise _multi_replica("all_reduce")
+
+
+def all_gather(value: torch.Tensor, dim: int = 0, groups: list[list[int]] | None = None,
+               output: torch.Tensor | None = None, pin_layout: bool = True,
+               channel_id: Any = None, use_global_device_ids: Any = None) -> Any:
+    if runtime.world_size() != 1:
+        raise _multi_replica("all_gather")
+    if output is not None:
+        output.copy_(value)
+        return output
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    return [v.clone() for v in value]
+
+
+def reduce_scatter(reduce_type: str, input: Any, scale: float, scatter_dim: int,  # noqa: A002
+                   shard_count: int, groups: Any = None, output: Any = None,
+                   pin_layout: bool = True, channel_id: Any = None,
+                   use_global_device_ids: Any = None) -> Any:
+    if runtime.world_size() != 1 or shard_count != 1:
+        raise _multi_replica("reduce_scatter")
+    result = input * scale if isinstance(input, torch.Tensor) else [i * scale for i in input]
+    if output is not None:
+        output.copy_(result)
+        return output
+    return result
+
+
+def all_to_all(value: torch.Tensor, split_dimension: int, concat_dimension: int,
+               split_count: int, groups: Any = None, pin_layout: bool = True) -> torch.Tensor:
+    if runtime.world_size() != 1 or split_count != 1:
+        raise _multi_replica("all_to_all")
+    return value.clone()
+
+
+def collective_broadcast(tensors: list[torch.Tensor], root_ordinal: int = 0,
+                         groups: Any = None, pin_layout: bool = True) -> None:
+    if runtime.world_size() != 1:
+        raise _multi_replica("collective_broadcast")
+
+
+def add_step_closure(closure: Callable[..., Any], args: tuple[Any, ...] = (),
+                     run_async: bool = False) -> None:
+    devctx = _get_device_context()
+    closures_type = "async_step_closures" if run_async else "step_closures"
+    step_closures = getattr(devctx, closures_type, None)
+    if step_closures is None:
+        step_closures = []
+        setattr(devctx, closures_type, step_closures)
+    step_closures.append(lambda a=args: closure(*a))
+
+
+def _run_step_closures() -> DeviceContext:
+    devctx = _get_device_context()
+    # Simulated execution is synchronous, so async closures simply run in order first.
+    for attr in ("async_step_closures", "step_closures"):
+        closures = getattr(devctx, attr, None)
+        if closures is not None:
+            setattr(devctx, attr, [])
+            for closure in closures:
+                closure()
+    return devctx
+
+
+@deprecated("Use torch_xla.sync instead")
+def mark_step(wait: bool = False, reset_scope: bool = True) -> None:
+    torch_xla.sync(wait, reset_scope)
+
+
+def wait_device_ops(devices: list[str] = []) -> None:  # noqa: B006 - the real signature
+    torch_xla._XLAC._xla_wait_device_ops(devices=devices)
+
+
+def reduce_gradients(optimizer: optim.Optimizer, groups: list[list[int]] | None = None,
+                     pin_layout: bool = True) -> None:
+    count = runtime.world_size()
+    if count > 1:
+        all_reduce(REDUCE_SUM, _fetch_gradients(optimizer), scale=1.0 / count, groups=groups,
+                   pin_layout=pin_layout)
+
+
+def optimizer_step(optimizer: optim.Optimizer, barrier: bool = False,
+                   optimizer_args: dict[str, Any] = {},  # noqa: B006 - the real signature
+                   groups: list[list[int]] | None = None, pin_layout: bool = True) -> Any:
+    reduce_gradients(optimizer, groups=groups, pin_layout=pin_layout)
+    loss = optimizer.step(**optimizer_args)
+    if barrier:
+        torch_xla.sync()
+    return loss
+
+
+def _maybe_convert_to_cpu(data: Any, convert: bool = True) -> Any:
+    def convert_one(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.device.type == "xla":
+            return value.cpu() if convert else value
+        if isinstance(value, dict):
+            return type(value)((k, convert_one(v)) for k, v in value.items())
+        if isinstance(value, (list, tuple)):
+            items = [convert_one(v) for v in value]
+            return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+        return value
+
+    tensors = []
+    torch.utils._pytree.tree_map(
+        lambda v: tensors.append(v) if isinstance(v, _tensor.XlaSimTensor) else None, data
+    )
+    torch_xla._XLAC._xla_sync_multi(tensors, devices=[], wait=True, sync_xla_data=False)
+    return convert_one(data)
+
+
+def save(data: Any, file_or_path: Any, master_only: bool = True,
+         global_master: bool = False) -> None:
+    should_write_data = not master_only or is_master_ordinal(local=not global_master)
+    cpu_data = _maybe_convert_to_cpu(data, convert=should_write_data)
+    if should_write_data:
+        torch.save(cpu_data, file_or_path)
+
+
+def xla_rendezvous(payload: bytes = b"", ordinals: list[int] | None = None,
+                   tag: str | None = None) -> list[bytes]:
+    if ordinals and len(ordinals) != runtime.global_device_count():
+        raise ValueError("Only global rendezvous is supported")
+    if not isinstance(payload, bytes):
+        raise TypeError(f"`payload` must be bytes, not {type(payload)}")
+    torch_xla.sync()
+    if runtime.world_size() != 1:
+        raise _multi_replica("rendezvous")
+    return [payload]
+
+
+def rendezvous(tag: str, payload: bytes = b"",
+               replicas: list[int] = []) -> list[bytes]:  # noqa: B006 - the real signature
+    return xla_rendezvous(payload, replicas or None, tag=tag)
+
+
+def mesh_reduce(tag: str, data: Any, reduce_fn: Callable[..., Any]) -> Any:
+    cpu_data = _maybe_convert_to_cpu(data)
+    bio = io.BytesIO()
+    torch.save(cpu_data, bio)
+    xdata = rendezvous(tag, bio.getvalue())
+    xldata = [torch.load(io.BytesIO(xd)) for xd in xdata]
+    return reduce_fn(xldata) if xldata else cpu_data
+
+
+def do_on_ordinals(target: Callable[..., Any], data: Any = (), ordinals: Any = (0,)) -> Any:
+    running = runtime.global_ordinal() in ordinals
+    cpu_data = _maybe_convert_to_cpu(data, convert=running)
+    result = target(*cpu_data) if running else None
+    rendezvous("torch_xla.core.xla_model.do_on_ordinals")
+    return result
+
+
+def set_rng_state(seed: int, device: str | None = None) -> None:
+    if device is None:
+        device = torch_xla._XLAC._xla_get_default_device()
+    torch_xla._XLAC._xla_set_rng_seed(seed, str(device) if device else "")
+
+
+def get_rng_state(device: str | None = None) -> int:
+    if device is None:
+        device = torch_xla._XLAC._xla_get_default_device()
+    return torch_xla._XLAC._xla_get_rng_seed(str(device) if device else "")
+
+
+class MemoryInfo(TypedDict):
+    bytes_used: str
+    bytes_limit: int
+
+
+def get_memory_info(device: torch.device | None = None) -> MemoryInfo:
+    if device is None:
+        device = torch_xla.device()
+    if runtime.is_spmd():
+        raise RuntimeError(
+            "Check failed: device != spmd_device_str (SPMD:0 vs. SPMD:0)"
+            "MemoryInfo not supported for SPMD virtual device."
+        )
+    return _memory.device_memory_info(torch.device(device))  # type: ignore[return-value]
+
+
+def optimization_barrier_(tensors: list[torch.Tensor]) -> None:
+    """Simulated graphs are never fused across the barrier, so it only needs to exist."""
+
+
+def broadcast_master_param(model: torch.nn.Module) -> None:
+    if runtime.world_size() != 1:
+        raise _multi_replica("broadcast_master_param")
+
+
+def send_cpu_data_to_device(datas: Any, device: Any, input_sharding: Any = None) -> Any:
+    def to_device(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.device.type != "xla":
+            moved = value.to(device)
+            if input_sharding is not None:
+                from xlasim import _spmd
+
+                _spmd.apply_input_sharding(moved, input_sharding)
+            return moved
+        return value
+
+    return torch.utils._pytree.tree_map(to_device, datas)

@@ -1,0 +1,94 @@
+"""Simulated ``torch_xla.distributed.parallel_loader``.
+
+Batches are moved to the device on the caller's thread (the real loader uses background
+threads only to overlap transfers; the order and values are the same), and each ``next()``
+marks a step boundary with ``torch_xla.sync()`` as the real ``MpDeviceLoader`` does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+
+import torch_xla
+import torch_xla.core.xla_model as xm
+
+
+class PerDeviceLoader:
+    def __init__(self, loader: Iterable[Any], device: Any, input_sharding: Any = None,
+                 batches_per_execution: int = 1) -> None:
+        self._loader = loader
+        self._device = device
+        self._input_sharding = input_sharding
+        self._sync_batch_count = batches_per_execution - 1
+        self._iter: Iterator[Any] | None = None
+        self._batches_yielded = 0
+
+    def __iter__(self) -> PerDeviceLoader:
+        self._iter = iter(self._loader)
+        self._batches_yielded = 0
+        return self
+
+    def __len__(self) -> int:
+        return len(self._loader)  # type: ignore[arg-type]
+
+    def __next__(self) -> Any:
+        if self._iter is None:
+            self.__iter__()
+        assert self._iter is not None
+        # The same step accounting as torch_xla: a sync before every batch (one per
+        # `batches_per_execution`), and one more when the loader runs out.
+        if self._sync_batch_count <= self._batches_yielded:
+            self._batches_yielded = 0
+            torch_xla.sync()
+        else:
+            self._batches_yielded += 1
+        try:
+            batch = next(self._iter)
+        except StopIteration:
+            torch_xla.sync()
+            raise
+        return xm.send_cpu_data_to_device(batch, self._device, self._input_sharding)
+
+    next = __next__
+
+
+class MpDeviceLoader:
+    """Wraps a loader so each batch arrives on ``device`` and steps are synced per batch."""
+
+    def __init__(self, loader: Iterable[Any], device: Any, **kwargs: Any) -> None:
+        allowed = {"input_sharding", "batches_per_execution", "loader_prefetch_size",
+                   "device_prefetch_size", "host_to_device_transfer_threads",
+                   "loader_prefetch_threads", "batchdim", "fixed_batch_size"}
+        unknown = set(kwargs) - allowed
+        if unknown:
+            raise TypeError(f"MpDeviceLoader got unexpected keyword arguments {sorted(unknown)}")
+        self._loader = loader
+        self._device = torch.device(device)
+        self._kwargs = kwargs
+
+    def __iter__(self) -> PerDeviceLoader:
+        return iter(PerDeviceLoader(
+            self._loader, self._device,
+            input_sharding=self._kwargs.get("input_sharding"),
+            batches_per_execution=self._kwargs.get("batches_per_execution", 1),
+        ))
+
+    def __len__(self) -> int:
+        return len(self._loader)  # type: ignore[arg-type]
+
+
+class ParallelLoader:
+    def __init__(self, cpu_loader: Iterable[Any], devices: list[Any], **kwargs: Any) -> None:
+        self._cpu_loader = cpu_loader
+        self._devices = [torch.device(d) for d in devices]
+        self._kwargs = kwargs
+
+    def per_device_loader(self, device: Any) -> PerDeviceLoader:
+        return PerDeviceLoader(self._cpu_loader, torch.device(device),
+                               input_sharding=self._kwargs.get("input_sharding"))
+
+    def per_device_samples(self) -> int:
+        return len(self._cpu_loader) // len(self._devices)  # type: ignore[arg-type]
