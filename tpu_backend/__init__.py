@@ -1,9 +1,16 @@
 """Ray Train backend for torch_xla SPMD on TPU slices.
 
 Kept import-light on purpose: importing ``tpu_backend`` must not pull in torch,
-torch_xla or ray (the simulator and CLI import the topology model from here).
+torch_xla or ray (the simulator and CLI import the topology model from here).  The Ray
+parts (``TorchTrainer``, ``TPUTorchConfig``, ``TPUXLABackend``) load on first access.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from tpu_backend.context import get_xla_mesh, get_xla_worker_state, is_xla_backend
 from tpu_backend.topology import (
     DEFAULT_ACCELERATOR,
     SliceSpec,
@@ -12,4 +19,37 @@ from tpu_backend.topology import (
     tpu_host_env,
 )
 
-__all__ = ["DEFAULT_ACCELERATOR", "SliceSpec", "default_mesh", "parse_slice", "tpu_host_env"]
+if TYPE_CHECKING:
+    from tpu_backend.backend import TPUXLABackend
+    from tpu_backend.config import TPUTorchConfig
+    from tpu_backend.trainer import TorchTrainer
+
+# name -> module holding it; imported on first attribute access (they import ray/torch).
+_LAZY = {
+    "TorchTrainer": "tpu_backend.trainer",
+    "TPUTorchConfig": "tpu_backend.config",
+    "TPUXLABackend": "tpu_backend.backend",
+}
+
+__all__ = [
+    "DEFAULT_ACCELERATOR",
+    "SliceSpec",
+    "TPUTorchConfig",
+    "TPUXLABackend",
+    "TorchTrainer",
+    "default_mesh",
+    "get_xla_mesh",
+    "get_xla_worker_state",
+    "is_xla_backend",
+    "parse_slice",
+    "tpu_host_env",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tpu_backend' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

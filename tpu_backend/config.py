@@ -1,0 +1,334 @@
+"""``TPUTorchConfig``: the Ray Train ``TorchConfig`` that selects the torch_xla backend.
+
+Ray 2.60 maps ``ScalingConfig(use_tpu=True)`` to ``backend="tpu_dist"`` (Google's
+torch_tpu runtime).  This config brings its own backend class
+(:class:`tpu_backend.backend.TPUXLABackend`) and always names its torch.distributed
+backend explicitly, so Ray's ``TorchTrainer`` never rewrites it:
+
+* SPMD (the default): one process per TPU host drives all of the host's chips;
+  torch_xla refuses its ``xla`` process group under SPMD, so the backend creates a CPU
+  ``gloo`` group (rank = TPU worker id = ``xr.process_index()``) for host-side collectives.
+* ``spmd=False``: one process per chip with the ``xla`` group over ``xla://``.
+
+Everything that can be checked without workers is checked in ``__post_init__`` (the
+config alone) and :meth:`TPUTorchConfig.resolve` (the config against the slice and the
+``ScalingConfig``), so inconsistent settings fail before any worker starts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ray.train.torch.config import TorchConfig
+
+from tpu_backend.mesh import MeshPlan, as_axis_names, as_shape, normalize_spmd_config, plan_mesh
+from tpu_backend.topology import SliceSpec, normalize_accelerator, parse_slice
+
+__all__ = ["BACKEND_NAME", "SPMD_PROCESS_GROUP_BACKENDS", "TPUTorchConfig", "ResolvedSlice"]
+
+BACKEND_NAME = "torch_xla"
+"""What this backend calls itself in logs and errors (never Ray's 'tpu_dist')."""
+
+SPMD_PROCESS_GROUP_BACKENDS = ("gloo",)
+SPMD_INIT_METHODS = ("env", "tcp")
+MULTIPROCESS_INIT_METHODS = ("xla",)
+
+
+@dataclass(frozen=True)
+class ResolvedSlice:
+    """The slice a run targets and the plan derived from it, decided on the driver."""
+
+    spec: SliceSpec | None
+    """None when no topology is known (a single worker; the mesh then follows the runtime)."""
+    mesh: MeshPlan | None
+    """None in non-SPMD mode, or when ``spec`` is None (planned on the worker)."""
+    num_workers: int
+
+
+@dataclass
+class TPUTorchConfig(TorchConfig):
+    """Configuration for torch_xla training on TPU slices with Ray Train.
+
+    Args:
+        backend: torch.distributed backend of the process group the backend creates.
+            Resolved to ``'gloo'`` under SPMD and ``'xla'`` otherwise; any other value
+            (``'nccl'``, ``'tpu_dist'``, ``'xla'`` under SPMD) is rejected.
+        init_method: ``'env'`` or ``'tcp'`` for the SPMD gloo group; ``'xla'`` (torch_xla's
+            ``xla://`` rendezvous) for the non-SPMD ``xla`` group.  Default per mode.
+        timeout_s: Process group operation timeout.
+        spmd: Run torch_xla SPMD (``xr.use_spmd()``), one worker per host.  Default True.
+        topology, accelerator: The slice (``'2x2x2'``, ``'v4'``).  Default: taken from the
+            ``ScalingConfig`` (``topology``, ``accelerator_type``).  When both give one
+            they must agree.
+        mesh_shape, axis_names: Override the default mesh.
+        xla_spmd_config: The seeds' dict: ``mesh_shape``, ``data_parallel_size``,
+            ``model_parallel_size``, ``partitioning_mode`` (``'manual'`` or ``'auto'``).
+        compilation_cache_dir: Initialize torch_xla's persistent compilation cache under
+            this directory on every worker (``xr.initialize_cache``, before any
+            computation), in a subdirectory keyed by slice and torch_xla version.
+        compilation_cache_readonly: Open the cache read-only on every host except host 0
+            (``'followers'``), on all hosts (True) or on none (False).
+        pjrt_device: Force ``PJRT_DEVICE`` on the workers.  Default: leave the worker's
+            value; set ``'TPU'`` when the worker holds TPU chips and none is set.
+        bootstrap_timeout_s: Bound on worker bootstrap (host discovery, runtime start,
+            process group, mesh); exceeding it fails the run instead of hanging.
+        shutdown_timeout_s: Bound on worker cleanup.
+    """
+
+    backend: str | None = None
+    init_method: str | None = None  # type: ignore[assignment]
+    timeout_s: int = 1800
+    spmd: bool = True
+    topology: str | None = None
+    accelerator: str | None = None
+    mesh_shape: Sequence[int] | None = None
+    axis_names: Sequence[str] | None = None
+    xla_spmd_config: Mapping[str, Any] | None = None
+    compilation_cache_dir: str | None = None
+    compilation_cache_readonly: bool | str = "followers"
+    pjrt_device: str | None = None
+    bootstrap_timeout_s: float = 600.0
+    shutdown_timeout_s: float = 60.0
+    _spmd_config: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.spmd, bool):
+            raise ValueError(f"spmd {self.spmd!r} is not valid: expected True or False")
+        self._spmd_config = normalize_spmd_config(self.xla_spmd_config)
+        mode = self._spmd_config.get("partitioning_mode")
+        if self.spmd:
+            if self.backend is None:
+                self.backend = "gloo"
+            if self.backend not in SPMD_PROCESS_GROUP_BACKENDS:
+                hint = (
+                    " (torch_xla raises 'XLA backend is not supported with SPMD. Please use a "
+                    "CPU process group instead.')"
+                    if self.backend == "xla"
+                    else ""
+                )
+                raise ValueError(
+                    f"backend {self.backend!r} is not valid with spmd=True{hint}; valid: "
+                    f"'gloo' (a CPU process group next to SPMD), or set spmd=False for 'xla'"
+                )
+            if self.init_method is None:
+                self.init_method = "env"
+            if self.init_method not in SPMD_INIT_METHODS:
+                raise ValueError(
+                    f"init_method {self.init_method!r} is not valid with spmd=True; valid: "
+                    f"{', '.join(map(repr, SPMD_INIT_METHODS))}"
+                )
+        else:
+            if self.backend is None:
+                self.backend = "xla"
+            if self.backend != "xla":
+                raise ValueError(
+                    f"backend {self.backend!r} is not valid with spmd=False; valid: 'xla' "
+                    f"(torch_xla's process group, one process per chip)"
+                )
+            if self.init_method is None:
+                self.init_method = "xla"
+            if self.init_method not in MULTIPROCESS_INIT_METHODS:
+                raise ValueError(
+                    f"init_method {self.init_method!r} is not valid with spmd=False; valid: "
+                    f"'xla' (torch_xla's xla:// rendezvous)"
+                )
+            given = [
+                name
+                for name, value in (
+                    ("mesh_shape", self.mesh_shape),
+                    ("axis_names", self.axis_names),
+                    ("xla_spmd_config", self.xla_spmd_config or None),
+                )
+                if value is not None
+            ]
+            if given:
+                raise ValueError(
+                    f"{', '.join(given)} need(s) SPMD but spmd=False; set spmd=True or drop "
+                    f"{', '.join(given)}"
+                )
+        if mode == "auto" and (self.mesh_shape is not None or "mesh_shape" in self._spmd_config):
+            raise ValueError(
+                "xla_spmd_config partitioning_mode 'auto' lets XLA choose the sharding; a "
+                "mesh_shape cannot be combined with it (drop one)"
+            )
+        if self.mesh_shape is not None:
+            self.mesh_shape = as_shape(self.mesh_shape, "mesh_shape")
+        if self.axis_names is not None:
+            self.axis_names = as_axis_names(self.axis_names)
+        for name in ("timeout_s", "bootstrap_timeout_s", "shutdown_timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise ValueError(f"{name} {value!r} is not valid: expected a positive number")
+        if self.compilation_cache_readonly not in (True, False, "followers"):
+            raise ValueError(
+                f"compilation_cache_readonly {self.compilation_cache_readonly!r} is not "
+                f"valid; valid: True, False, 'followers'"
+            )
+        if self.compilation_cache_dir is not None and not (
+            isinstance(self.compilation_cache_dir, str) and self.compilation_cache_dir
+        ):
+            raise ValueError(
+                f"compilation_cache_dir {self.compilation_cache_dir!r} is not valid: expected "
+                f"a directory path (str)"
+            )
+        if self.pjrt_device is not None and self.pjrt_device not in ("TPU", "CPU"):
+            raise ValueError(
+                f"pjrt_device {self.pjrt_device!r} is not valid; valid: 'TPU', 'CPU' or None "
+                f"(keep the worker's PJRT_DEVICE)"
+            )
+        if self.accelerator is not None:
+            self.accelerator = normalize_accelerator(self.accelerator)
+        if self.topology is not None:
+            # Parse now so a malformed topology fails on the driver.
+            parse_slice(self.topology, self.accelerator)
+        # Mesh arguments that are wrong whatever the slice (names vs dimensions, override vs
+        # xla_spmd_config): check them against a slice of exactly the mesh's size.
+        shape = self.mesh_shape or self._spmd_config.get("mesh_shape")
+        dp = self._spmd_config.get("data_parallel_size")
+        mp = self._spmd_config.get("model_parallel_size")
+        if shape is None and dp is not None and mp is not None:
+            shape = (dp, mp)
+        if self.spmd and shape is not None:
+            plan_mesh(
+                math.prod(shape),
+                1,
+                mesh_shape=self.mesh_shape,
+                axis_names=self.axis_names,
+                spmd_config=self._spmd_config,
+            )
+
+    @property
+    def backend_cls(self):  # noqa: ANN201 - Ray's Backend base is untyped here
+        from tpu_backend.backend import TPUXLABackend
+
+        return TPUXLABackend
+
+    @property
+    def partitioning_mode(self) -> str:
+        return str(self._spmd_config.get("partitioning_mode", "manual"))
+
+    def to_dict(self) -> dict[str, Any]:
+        out = super().to_dict()
+        out.update(
+            spmd=self.spmd,
+            topology=self.topology,
+            accelerator=self.accelerator,
+            mesh_shape=self.mesh_shape,
+            axis_names=self.axis_names,
+            xla_spmd_config=dict(self._spmd_config) or None,
+            compilation_cache_dir=self.compilation_cache_dir,
+            compilation_cache_readonly=self.compilation_cache_readonly,
+            pjrt_device=self.pjrt_device,
+            bootstrap_timeout_s=self.bootstrap_timeout_s,
+            shutdown_timeout_s=self.shutdown_timeout_s,
+        )
+        return out
+
+    # -- checks against the slice and the ScalingConfig ------------------------------------
+
+    def slice_spec(self, scaling_config: Any = None) -> SliceSpec | None:
+        """The slice from this config and/or ``scaling_config``; they must agree."""
+        topology = self.topology
+        accelerator = self.accelerator
+        sc_topology = getattr(scaling_config, "topology", None)
+        sc_accel = getattr(scaling_config, "accelerator_type", None)
+        if sc_topology is not None and topology is not None:
+            if parse_slice(sc_topology, accelerator or sc_accel).topology != parse_slice(
+                topology, accelerator or sc_accel
+            ).topology:
+                raise ValueError(
+                    f"TPUTorchConfig topology {topology!r} contradicts ScalingConfig topology "
+                    f"{sc_topology!r}; give the same slice in both or only one"
+                )
+        topology = topology or sc_topology
+        if sc_accel is not None and accelerator is not None:
+            try:
+                sc_gen = normalize_accelerator(sc_accel)
+            except ValueError as e:
+                raise ValueError(f"ScalingConfig accelerator_type {sc_accel!r}: {e}") from None
+            if sc_gen != accelerator:
+                raise ValueError(
+                    f"TPUTorchConfig accelerator {accelerator!r} contradicts ScalingConfig "
+                    f"accelerator_type {sc_accel!r} ({sc_gen}); give the same generation"
+                )
+        accelerator = accelerator or sc_accel
+        if topology is None:
+            return None
+        return parse_slice(topology, accelerator)
+
+    def resolve(self, scaling_config: Any = None) -> ResolvedSlice:
+        """Check this config against the slice and the worker layout; return the plan.
+
+        Raises ``ValueError`` for every inconsistent combination, before workers start.
+        """
+        spec = self.slice_spec(scaling_config)
+        num_workers = getattr(scaling_config, "num_workers", 1) if scaling_config else 1
+        if isinstance(num_workers, tuple):
+            lo, hi = num_workers
+            if lo != hi:
+                raise ValueError(
+                    f"num_workers {num_workers} is elastic, but a TPU slice runs a fixed "
+                    f"number of workers; give an int"
+                )
+            num_workers = lo
+        use_tpu = bool(getattr(scaling_config, "use_tpu", False))
+        tpus_per_worker = None
+        if scaling_config is not None:
+            resources = getattr(scaling_config, "resources_per_worker", None) or {}
+            tpus_per_worker = resources.get("TPU")
+            if use_tpu and tpus_per_worker is None:
+                tpus_per_worker = 1  # Ray's default for use_tpu without a topology
+        if spec is None:
+            if num_workers > 1:
+                raise ValueError(
+                    f"num_workers={num_workers} needs a slice: set ScalingConfig(topology=..., "
+                    f"accelerator_type=...) or TPUTorchConfig(topology=..., accelerator=...)"
+                )
+            return ResolvedSlice(None, None, num_workers)
+
+        slice_name = f"{spec.pod_type} ({spec.topology})"
+        if self.spmd:
+            if num_workers != spec.num_hosts:
+                extra = ""
+                if num_workers % spec.num_hosts == 0 and num_workers > spec.num_hosts:
+                    extra = (
+                        f" ({num_workers // spec.num_hosts} slices: multi-slice training is "
+                        f"not supported by this backend)"
+                    )
+                raise ValueError(
+                    f"num_workers={num_workers} does not match {slice_name}, which has "
+                    f"{spec.num_hosts} host(s){extra}; SPMD runs one worker per host: set "
+                    f"num_workers={spec.num_hosts}"
+                )
+            if use_tpu and tpus_per_worker != spec.chips_per_host:
+                raise ValueError(
+                    f"resources_per_worker TPU={tpus_per_worker} does not match {slice_name}, "
+                    f"whose hosts have {spec.chips_per_host} chips; under SPMD each worker "
+                    f"holds all chips of its host: use TPU={spec.chips_per_host} (the default)"
+                )
+            mesh: MeshPlan | None = plan_mesh(
+                spec.num_devices,
+                spec.num_hosts,
+                mesh_shape=self.mesh_shape,
+                axis_names=self.axis_names,
+                spmd_config=self._spmd_config,
+                slice_name=slice_name,
+            )
+        else:
+            if num_workers != spec.num_chips:
+                raise ValueError(
+                    f"num_workers={num_workers} does not match {slice_name}, which has "
+                    f"{spec.num_chips} chips; with spmd=False torch_xla runs one process per "
+                    f"chip: set num_workers={spec.num_chips} and resources_per_worker "
+                    f"{{'TPU': 1}}"
+                )
+            if use_tpu and tpus_per_worker != 1:
+                raise ValueError(
+                    f"resources_per_worker TPU={tpus_per_worker} is not valid with spmd=False; "
+                    f"torch_xla binds one process per chip: use {{'TPU': 1}}"
+                )
+            mesh = None
+        return ResolvedSlice(spec, mesh, num_workers)

@@ -1,0 +1,241 @@
+"""A local Ray cluster whose nodes look like the hosts of a simulated TPU slice.
+
+Each host of the slice becomes one Ray node (``ray.cluster_utils.Cluster``) dressed the
+way Ray's own tests fake TPU hosts (``ray/train/v2/tests/test_jax_trainer.py``), so Ray's
+TPU code runs unchanged (``SlicePlacementGroup``, head reservation, pod-name sorting):
+
+* resources ``{"TPU": chips_per_host, "accelerator_type:TPU-V4": 1}`` plus
+  ``"TPU-{pod_type}-head": 1`` on worker 0 of each multi-host slice;
+* labels ``ray.io/tpu-slice-name``, ``ray.io/tpu-worker-id``, ``ray.io/tpu-pod-type``,
+  ``ray.io/tpu-topology``;
+* env vars ``TPU_NAME``, ``TPU_WORKER_ID``, ``TPU_ACCELERATOR_TYPE``, ``TPU_TOPOLOGY``
+  (what GKE sets and Ray reads).
+
+On top, ``XLASIM_TOPOLOGY`` / ``XLASIM_ACCELERATOR`` / ``XLASIM_HOST_INDEX`` make every
+worker process on that node start with the simulator active (``xlasim.pth``), as host
+``XLASIM_HOST_INDEX`` of the slice; ``simulate=False`` leaves them out (a "real" TPU
+host without torch_xla, for error-path tests).
+
+The machine behind it may have 2 cores: nodes get 1 logical CPU and a small object store
+by default, start-up is bounded, and the cluster is torn down on every exit path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tpu_backend.topology import SliceSpec, parse_slice
+
+__all__ = [
+    "SimulatedTPUCluster",
+    "host_node_args",
+    "simulated_tpu_cluster",
+    "tpu_ray_cluster_fixture",
+    "DEFAULT_OBJECT_STORE_BYTES",
+]
+
+DEFAULT_OBJECT_STORE_BYTES = 80 * 1024 * 1024
+"""Ray's floor is 75 MiB; tests move kilobytes."""
+
+_PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+def host_node_args(
+    spec: SliceSpec,
+    host_index: int,
+    slice_name: str,
+    *,
+    simulate: bool = True,
+    num_cpus: float = 1,
+    extra_env: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """``Cluster.add_node`` keyword arguments for host ``host_index`` of ``spec``."""
+    resources: dict[str, float] = {
+        "TPU": spec.chips_per_host,
+        f"accelerator_type:{spec.ray_accelerator_type}": 1,
+    }
+    if host_index == 0 and spec.is_multi_host:
+        # Ray's reserve_tpu_slice gang-schedules a slice through its worker 0's head resource.
+        resources[f"TPU-{spec.pod_type}-head"] = 1
+    labels = {
+        "ray.io/tpu-slice-name": slice_name,
+        "ray.io/tpu-worker-id": str(host_index),
+        "ray.io/tpu-pod-type": spec.pod_type,
+        "ray.io/tpu-topology": spec.topology,
+    }
+    env = {
+        "TPU_NAME": slice_name,
+        "TPU_WORKER_ID": str(host_index),
+        "TPU_ACCELERATOR_TYPE": spec.pod_type,
+        "TPU_TOPOLOGY": spec.topology,
+    }
+    if simulate:
+        env.update(
+            {
+                "XLASIM_TOPOLOGY": spec.topology,
+                "XLASIM_ACCELERATOR": spec.accelerator,
+                "XLASIM_HOST_INDEX": str(host_index),
+            }
+        )
+    # Workers must import this project (backend functions are pickled by reference) even
+    # when it is not installed into the interpreter Ray starts them with.
+    pythonpath = [_PROJECT_ROOT, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(pythonpath))
+    if extra_env:
+        env.update(extra_env)
+    return {"num_cpus": num_cpus, "resources": resources, "labels": labels, "env_vars": env}
+
+
+@dataclass
+class SimulatedTPUCluster:
+    """A running fake-TPU Ray cluster; the driver is connected to it."""
+
+    spec: SliceSpec
+    num_slices: int
+    slice_names: list[str]
+    address: str
+    cluster: Any = field(repr=False)
+    startup_s: float = 0.0
+
+    @property
+    def num_hosts(self) -> int:
+        return self.spec.num_hosts * self.num_slices
+
+    def node_summary(self) -> list[dict[str, Any]]:
+        """(labels, resources) of every alive node, as Ray's GCS reports them."""
+        import ray
+
+        return [
+            {"labels": n.get("Labels", {}), "resources": n.get("Resources", {})}
+            for n in ray.nodes()
+            if n.get("Alive")
+        ]
+
+
+def _shutdown(cluster: Any) -> None:
+    import ray
+
+    with contextlib.suppress(Exception):
+        ray.shutdown()
+    if cluster is not None:
+        with contextlib.suppress(Exception):
+            cluster.shutdown()
+
+
+@contextlib.contextmanager
+def simulated_tpu_cluster(
+    topology: str = "2x2x2",
+    accelerator: str | None = "v4",
+    *,
+    num_slices: int = 1,
+    simulate: bool = True,
+    num_cpus_per_host: float = 1,
+    head_num_cpus: float = 1,
+    object_store_memory: int = DEFAULT_OBJECT_STORE_BYTES,
+    startup_timeout_s: float = 90.0,
+    extra_env: Mapping[str, str] | None = None,
+    connect: bool = True,
+) -> Iterator[SimulatedTPUCluster]:
+    """Start a local Ray cluster shaped like ``num_slices`` slices of ``topology``.
+
+    A CPU-only head node (``head_num_cpus`` CPUs, no TPUs; the driver and Ray Train's
+    controller live there, as on real TPU clusters) plus one node per TPU host.  Raises
+    ``TimeoutError`` when the nodes do not register within ``startup_timeout_s``; always
+    shuts the cluster down on exit.
+    """
+    import ray
+    from ray.cluster_utils import Cluster
+
+    if ray.is_initialized():
+        raise RuntimeError(
+            "simulated_tpu_cluster() needs its own Ray connection, but ray is already "
+            "initialized in this process; call ray.shutdown() first"
+        )
+    spec = parse_slice(topology, accelerator)
+    if isinstance(num_slices, bool) or not isinstance(num_slices, int) or num_slices < 1:
+        raise ValueError(f"num_slices {num_slices!r} is not valid: expected a positive int")
+    slice_names = [f"xlasim-{spec.pod_type}-{chr(ord('a') + i)}" for i in range(num_slices)]
+    t0 = time.monotonic()
+    cluster = None
+    try:
+        cluster = Cluster(initialize_head=False, shutdown_at_exit=True)
+        common = {
+            "object_store_memory": object_store_memory,
+            "include_dashboard": False,
+        }
+        cluster.add_node(num_cpus=head_num_cpus, resources={}, **common)
+        for name in slice_names:
+            for host in range(spec.num_hosts):
+                cluster.add_node(
+                    wait=False,
+                    object_store_memory=object_store_memory,
+                    **host_node_args(
+                        spec,
+                        host,
+                        name,
+                        simulate=simulate,
+                        num_cpus=num_cpus_per_host,
+                        extra_env=extra_env,
+                    ),
+                )
+        remaining = startup_timeout_s - (time.monotonic() - t0)
+        cluster.wait_for_nodes(timeout=max(remaining, 1.0))
+        if connect:
+            ray.init(address=cluster.address, log_to_driver=True)
+        handle = SimulatedTPUCluster(
+            spec=spec,
+            num_slices=num_slices,
+            slice_names=slice_names,
+            address=cluster.address,
+            cluster=cluster,
+            startup_s=time.monotonic() - t0,
+        )
+    except BaseException:
+        _shutdown(cluster)
+        raise
+    try:
+        yield handle
+    finally:
+        _shutdown(cluster)
+
+
+def tpu_ray_cluster_fixture(request: Any) -> Iterator[SimulatedTPUCluster]:
+    """Body of the ``tpu_ray_cluster`` pytest fixture.
+
+    The slice comes from (first match): indirect parametrization (``"4x4"`` or
+    ``("2x2x2", "v4")`` or a dict of :func:`simulated_tpu_cluster` arguments), the
+    ``topology`` marker (``@pytest.mark.topology("2x2x2", accelerator="v4")``), else a
+    v4-16 (``2x2x2``).  Register it in a plugin or conftest with a thin wrapper that
+    imports this module lazily (it imports ray)::
+
+        @pytest.fixture
+        def tpu_ray_cluster(request):
+            from xlasim.ray_cluster import tpu_ray_cluster_fixture
+            yield from tpu_ray_cluster_fixture(request)
+    """
+    kwargs: dict[str, Any] = {}
+    param = getattr(request, "param", None)
+    if isinstance(param, str):
+        kwargs = {"topology": param, "accelerator": None}
+    elif isinstance(param, tuple):
+        kwargs = {"topology": param[0], "accelerator": param[1] if len(param) > 1 else None}
+    elif isinstance(param, Mapping):
+        kwargs = dict(param)
+    else:
+        marker = request.node.get_closest_marker("topology")
+        if marker is not None and marker.args:
+            kwargs = {"topology": marker.args[0], "accelerator": marker.kwargs.get("accelerator")}
+            if len(marker.args) > 1:
+                kwargs["accelerator"] = marker.args[1]
+    if "topology" in kwargs and kwargs.get("accelerator") is None:
+        # A 3-D topology without an accelerator means the first 3-D generation, v4, as
+        # in Ray's tests; 2-D ones take the project's default (v6e).
+        kwargs["accelerator"] = "v4" if kwargs["topology"].count("x") == 2 else None
+    with simulated_tpu_cluster(**kwargs) as handle:
+        yield handle
