@@ -106,6 +106,27 @@ def _swap_out() -> None:
     _stashed_modules.clear()
 
 
+_probed = False
+
+
+def _probe_autograd(spec: Any) -> None:
+    """Runs the one-time autograd check on a throwaway runtime, so no state leaks."""
+    global _probed
+    if _probed:
+        return
+    import torch
+
+    from xlasim import _device, _runtime, _tensor
+
+    scratch = _runtime.SimRuntime(spec, 0)
+    _runtime.push(scratch)
+    try:
+        _device.check_autograd_engine(lambda: _tensor.wrap_data(torch.zeros(1), None))
+    finally:
+        _runtime.pop(scratch)
+    _probed = True
+
+
 class simulate:  # noqa: N801 - used like a function: `with xlasim.simulate(...)`
     """Runs code against a simulated TPU slice.
 
@@ -136,6 +157,11 @@ class simulate:  # noqa: N801 - used like a function: `with xlasim.simulate(...)
             runtime = _runtime.SimRuntime(self.spec, self.host_index)
             if not _entries:
                 _swap_in()
+                try:
+                    _probe_autograd(self.spec)
+                except BaseException:
+                    _swap_out()
+                    raise
             runtime.save_env()
             # Inside the simulation torch_xla would see a TPU; never a stray CPU selection.
             os.environ.pop("PJRT_DEVICE", None)

@@ -61,6 +61,27 @@ def ensure_device_guard() -> None:
         _guard_ready = True
 
 
+def check_autograd_engine(make_tensor: Callable[[], torch.Tensor]) -> None:
+    """Fails clearly if autograd started before the XLA guard existed.
+
+    The autograd engine sizes its per-device queues once, on the first backward pass in the
+    process, from the device guards registered then; a process that ran a backward pass before
+    the guard was registered can never run one on an ``xla`` tensor.
+    """
+    probe = make_tensor().requires_grad_()
+    try:
+        probe.sum().backward()
+    except RuntimeError as exc:
+        if "device_ready_queues_" not in str(exc):
+            raise
+        raise RuntimeError(
+            "xlasim: this process ran a backward pass before the simulated XLA device was "
+            "registered, and PyTorch's autograd engine cannot add a device afterwards. Import "
+            "xlasim (or activate the simulation) before any backward pass, or run the "
+            "simulated program in a fresh process (`xlasim run -- python ...`)."
+        ) from None
+
+
 class FactoryKernels:
     """XLA-key kernels for the factory ops stock torch routes to a device without inputs.
 

@@ -92,8 +92,8 @@ def _collect(outputs: Iterable[Node]) -> tuple[tuple[str, ...], tuple[InputInfo,
     stack: list[tuple[Any, bool]] = [(n, False) for n in reversed(list(outputs))]
     while stack:
         item, expanded = stack.pop()
-        if isinstance(item, InputInfo):
-            inputs.append(item)
+        if isinstance(item, tuple):  # a device-data input: (shape, dtype, sharding)
+            inputs.append(InputInfo(*item))
             continue
         if not isinstance(item, Node) or id(item) in seen:
             continue

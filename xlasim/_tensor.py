@@ -13,7 +13,6 @@ import weakref
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_map
 
 from xlasim import _runtime
 from xlasim._device import FactoryKernels
@@ -102,9 +101,11 @@ class XlaSimTensor(torch.Tensor):
         return _run(func, args, kwargs or {})
 
 
-def _leaf(t: XlaSimTensor) -> InputInfo:
+
+def _leaf_key(t: XlaSimTensor) -> tuple[Any, ...]:
+    """A device-data input as the graph hash sees it (made an ``InputInfo`` only on demand)."""
     sharding = t._sharding
-    return InputInfo(tuple(t.shape), t.dtype, sharding.spec_string() if sharding else "")
+    return (tuple(t.shape), t.dtype, sharding.spec_string() if sharding else "")
 
 
 def _arg_key(a: Any) -> Any:
@@ -124,49 +125,66 @@ def _arg_key(a: Any) -> Any:
     return a
 
 
-def _run(func, args, kwargs):
-    runtime = _runtime.current()
-    device = None
-    inputs: list[Any] = []
-    elems: dict[int, XlaSimTensor] = {}
+class _Call:
+    """Unwraps one op's arguments, remembering its xla inputs for the IR node."""
 
-    def unwrap(a):
-        nonlocal device
-        if isinstance(a, XlaSimTensor):
-            if device is None:
-                device = a.device
-            elems[id(a._elem)] = a
-            inputs.append(a._node if a._node is not None else _leaf(a))
+    __slots__ = ("device", "inputs", "hashes", "elems", "keys")
+
+    def __init__(self) -> None:
+        self.device: torch.device | None = None
+        self.inputs: list[Any] = []
+        self.hashes: list[int] = []
+        self.elems: dict[int, XlaSimTensor] = {}
+        self.keys: list[Any] = []
+
+    def unwrap(self, a: Any) -> Any:
+        if type(a) is XlaSimTensor:
+            if self.device is None:
+                self.device = a.device
+            self.elems[id(a._elem)] = a
+            node = a._node
+            if node is None:
+                key = _leaf_key(a)
+                self.inputs.append(key)
+                self.hashes.append(hash((key[0], stable_id(key[1]), key[2])))
+            else:
+                self.inputs.append(node)
+                self.hashes.append(node.hash)
             return a._elem
+        if type(a) is list or type(a) is tuple:
+            if a and isinstance(a[0], torch.Tensor):
+                return type(a)(self.unwrap(x) for x in a)
+            self.keys.append(_arg_key(a))
+            return a
         if isinstance(a, torch.device) and a.type == "xla":
             return _CPU
+        if a is not None:
+            self.keys.append(_arg_key(a))
         return a
 
-    cargs = tree_map(unwrap, args)
-    ckwargs = tree_map(unwrap, kwargs) if kwargs else kwargs
-    if "device" in kwargs and isinstance(kwargs["device"], torch.device):
-        device = kwargs["device"] if kwargs["device"].type == "xla" else device
-    out = func(*cargs, **ckwargs)
-    runtime.graphs.initialized = True
-    op_id = stable_id(func)
-    pending = runtime.graphs.pending
-    base = hash(
-        (
-            op_id,
-            tuple(n.hash if isinstance(n, Node) else hash((n.shape, stable_id(n.dtype)))
-                  for n in inputs),
-            tuple(_arg_key(a) for a in args if not isinstance(a, torch.Tensor)),
-        )
-    )
-    frozen_inputs = tuple(inputs)
-    device = device or xla_device(runtime.default_device_index)
 
-    def wrap(o, index=[0]):  # noqa: B006 - a per-call counter for multi-output ops
-        if not isinstance(o, torch.Tensor):
-            return o
-        index[0] += 1
-        node = Node(hash((base, index[0], tuple(o.shape), stable_id(o.dtype))), func,
-                    frozen_inputs)
+def _run(func, args, kwargs):
+    runtime = _runtime.current()
+    call = _Call()
+    unwrap = call.unwrap
+    cargs = [unwrap(a) for a in args]
+    if kwargs:
+        kwargs = {k: unwrap(v) for k, v in kwargs.items()}
+        if func in _RANDOM_OPS and kwargs.get("generator") is None:
+            kwargs["generator"] = runtime.generator
+    elif func in _RANDOM_OPS:
+        kwargs = {"generator": runtime.generator}
+    out = func(*cargs, **kwargs)
+    graphs = runtime.graphs
+    graphs.initialized = True
+    base = hash((stable_id(func), tuple(call.hashes), tuple(call.keys)))
+    frozen_inputs = tuple(call.inputs)
+    device = call.device or xla_device(runtime.default_device_index)
+    pending = graphs.pending
+    elems = call.elems
+
+    def wrap(o: Any, index: int) -> Any:
+        node = Node(hash((base, index, tuple(o.shape), stable_id(o.dtype))), func, frozen_inputs)
         existing = elems.get(id(o))
         if existing is not None:  # in-place / out= ops hand back their input
             existing._node = node
@@ -176,7 +194,34 @@ def _run(func, args, kwargs):
         pending.append(weakref.ref(t))
         return t
 
-    return tree_map(wrap, out)
+    if isinstance(out, torch.Tensor):
+        return wrap(out, 0)
+    if isinstance(out, (tuple, list)):
+        return type(out)(
+            wrap(o, i) if isinstance(o, torch.Tensor) else o for i, o in enumerate(out)
+        )
+    return out
+
+
+def _has_generator_arg(op: Any) -> bool:
+    return any(a.name == "generator" for a in op._schema.arguments)
+
+
+class _RandomOps:
+    """Ops that take a generator: simulated devices draw from the runtime's own generator,
+    as torch_xla's device RNG is separate from the CPU one (seeded by torch_xla.manual_seed)."""
+
+    def __init__(self) -> None:
+        self._known: dict[Any, bool] = {}
+
+    def __contains__(self, op: Any) -> bool:
+        known = self._known.get(op)
+        if known is None:
+            known = self._known[op] = _has_generator_arg(op)
+        return known
+
+
+_RANDOM_OPS = _RandomOps()
 
 
 def wrap_data(elem: torch.Tensor, device: torch.device | None) -> XlaSimTensor:

@@ -1,0 +1,3 @@
+from xlasim.cli import main
+
+raise SystemExit(main())

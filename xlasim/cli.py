@@ -1,0 +1,128 @@
+"""The ``xlasim`` command: ``run`` a program against a simulated slice, ``describe`` a slice,
+``demo`` a training run through the Ray Train backend."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import sysconfig
+from collections.abc import Sequence
+
+from tpu_backend.topology import DEFAULT_ACCELERATOR, default_mesh, parse_slice, tpu_host_env
+
+
+def _pth_installed() -> bool:
+    paths = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+    return any(os.path.exists(os.path.join(p, "xlasim.pth")) for p in paths)
+
+
+def simulation_env(topology: str, accelerator: str | None, host_index: int = 0) -> dict[str, str]:
+    """The variables that make a Python process start against the simulated slice."""
+    spec = parse_slice(topology, accelerator)
+    # Validates the host index with the same message the runtime would give.
+    tpu_host_env(spec, host_index)
+    return {
+        "XLASIM_TOPOLOGY": spec.topology,
+        "XLASIM_ACCELERATOR": spec.accelerator,
+        "XLASIM_HOST_INDEX": str(host_index),
+    }
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    command = list(args.command)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise SystemExit("xlasim run: no command given; usage: xlasim run --topology T -- CMD ...")
+    env = dict(os.environ)
+    env.update(simulation_env(args.topology, args.accelerator, args.host_index))
+    if not _pth_installed():
+        raise SystemExit(
+            "xlasim run: xlasim.pth is not installed in this environment's site-packages, so "
+            "child processes cannot activate the simulator; install the package "
+            "(`pip install -e .` or `pip install xlasim`)"
+        )
+    try:
+        return subprocess.call(command, env=env)
+    except FileNotFoundError:
+        raise SystemExit(f"xlasim run: command not found: {command[0]!r}") from None
+
+
+def _cmd_describe(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    spec = parse_slice(args.topology, args.accelerator)
+    console = Console()
+    table = Table(title=f"Simulated slice {spec.pod_type} ({spec.topology})", show_header=False)
+    table.add_column("property", style="bold")
+    table.add_column("value")
+    for label, value in spec.describe_rows():
+        table.add_row(label, value)
+    console.print(table)
+
+    shape, axes = default_mesh(spec)
+    hosts = Table(title="Per-host TPU environment")
+    hosts.add_column("host")
+    hosts.add_column("devices (global ids)")
+    hosts.add_column("TPU env")
+    for host in range(spec.num_hosts):
+        first = host * spec.devices_per_host
+        env = tpu_host_env(spec, host)
+        hosts.add_row(
+            str(host),
+            f"{first}..{first + spec.devices_per_host - 1}",
+            "\n".join(f"{k}={v}" for k, v in env.items()),
+        )
+    console.print(hosts)
+    console.print(f"default SPMD mesh: shape {shape}, axes {axes}")
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace, rest: Sequence[str]) -> int:
+    from xlasim import demo
+
+    return int(demo.main(list(rest)) or 0)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="xlasim", description="Run torch_xla programs against a simulated TPU slice."
+    )
+    sub = parser.add_subparsers(dest="cmd", required=True)
+
+    run = sub.add_parser("run", help="run a command against a simulated slice")
+    run.add_argument("--topology", required=True, help="chip grid, e.g. 2x2 or 2x2x2")
+    run.add_argument(
+        "--accelerator", default=None, help=f"TPU generation (default {DEFAULT_ACCELERATOR})"
+    )
+    run.add_argument("--host-index", type=int, default=0, help="which host this process is")
+    run.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
+
+    describe = sub.add_parser("describe", help="print a slice as a table")
+    describe.add_argument("topology")
+    describe.add_argument("--accelerator", default=None)
+
+    sub.add_parser("demo", help="train a small model through the Ray Train backend",
+                   add_help=False)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["demo"]:
+        return _cmd_demo(argparse.Namespace(), argv[1:])
+    args = _parser().parse_args(argv)
+    try:
+        if args.cmd == "run":
+            return _cmd_run(args)
+        return _cmd_describe(args)
+    except ValueError as exc:
+        print(f"xlasim {args.cmd}: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
