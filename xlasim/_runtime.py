@@ -92,6 +92,10 @@ class SimRuntime:
 
 _stack: list[SimRuntime] = []
 
+# State that real torch_xla keeps per process rather than per runtime (e.g. the xla://
+# rendezvous store), kept here because the simulated modules are re-imported per simulation.
+PROCESS_STATE: dict[str, Any] = {}
+
 
 def current() -> SimRuntime:
     if not _stack:
