@@ -13,14 +13,28 @@ from __future__ import annotations
 import os
 import re
 import threading
+import zlib
 from collections.abc import Callable
 
 import torch
 
+# Besides the guard, one op: resizing a wrapper tensor's own metadata, which out= ops and
+# in-place view ops (arange(out=), t_()) change on the wrapped CPU tensor.
 _GUARD_SOURCE = r"""
 #include <c10/core/impl/FakeGuardImpl.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <ATen/core/Tensor.h>
+#include <torch/library.h>
 C10_REGISTER_GUARD_IMPL(XLA, c10::impl::FakeGuardImpl<c10::DeviceType::XLA>);
+
+static void set_meta(const at::Tensor& t, c10::IntArrayRef size, c10::IntArrayRef stride,
+                     int64_t offset) {
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(size, stride, offset);
+}
+TORCH_LIBRARY(xlasim, m) {
+  m.def("set_meta(Tensor t, int[] size, int[] stride, int offset) -> ()");
+}
+TORCH_LIBRARY_IMPL(xlasim, CompositeImplicitAutograd, m) { m.impl("set_meta", set_meta); }
 """
 
 _lock = threading.Lock()
@@ -28,7 +42,11 @@ _guard_ready = False
 
 
 def _extension_name() -> str:
-    return "xlasim_xla_guard_" + re.sub(r"\W", "_", torch.__version__)
+    # Keyed by torch version and source, so processes running different versions of the
+    # source never share (and clobber) one build directory.
+    digest = zlib.crc32(_GUARD_SOURCE.encode())
+    version = re.sub(r"\W", "_", torch.__version__)
+    return f"xlasim_xla_{version}_{digest:08x}"
 
 
 def ensure_device_guard() -> None:
@@ -61,6 +79,14 @@ def ensure_device_guard() -> None:
         _guard_ready = True
 
 
+def set_wrapper_meta(wrapper: torch.Tensor, like: torch.Tensor) -> None:
+    """Makes a wrapper tensor's sizes/strides/offset those of the tensor it wraps."""
+    from torch.utils._mode_utils import no_dispatch
+
+    with no_dispatch():
+        torch.ops.xlasim.set_meta(wrapper, like.size(), like.stride(), like.storage_offset())
+
+
 def check_autograd_engine(make_tensor: Callable[[], torch.Tensor]) -> None:
     """Fails clearly if autograd started before the XLA guard existed.
 
@@ -89,8 +115,13 @@ class FactoryKernels:
     torch_xla is loaded later is left as it was.
     """
 
-    def __init__(self, wrap_new: Callable[[torch.Tensor, torch.device], torch.Tensor]) -> None:
+    def __init__(
+        self,
+        wrap_new: Callable[[torch.Tensor, torch.device], torch.Tensor],
+        copy_into: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    ) -> None:
         self._wrap_new = wrap_new
+        self._copy_into = copy_into
         self._lib: torch.library.Library | None = None
 
     def register(self) -> None:
@@ -108,8 +139,19 @@ class FactoryKernels:
         def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
             return wrap_new(torch.empty_strided(size, stride, dtype=dtype, layout=layout), device)
 
+        # Reached instead of the Python key where torch excludes it (torch.tensor(..., device=)).
+        def copy_from(src, dst, non_blocking=False):
+            return copy_into(src, dst)
+
+        def copy_from_and_resize(src, dst):
+            dst.resize_(src.shape)
+            return copy_into(src, dst)
+
+        copy_into = self._copy_into
         lib.impl("empty.memory_format", empty_memory_format)
         lib.impl("empty_strided", empty_strided)
+        lib.impl("_copy_from", copy_from)
+        lib.impl("_copy_from_and_resize", copy_from_and_resize)
         self._lib = lib
 
     def unregister(self) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from xlasim import _runtime
-from xlasim._device import FactoryKernels
+from xlasim._device import FactoryKernels, set_wrapper_meta
 from xlasim._graph import InputInfo, Node, stable_id
 
 aten = torch.ops.aten
@@ -83,6 +83,19 @@ class XlaSimTensor(torch.Tensor):
 
     def tolist(self) -> Any:
         return self.cpu().tolist()
+
+    def numpy(self, *, force: bool = False) -> Any:
+        if force:
+            return self.cpu().numpy()
+        raise TypeError(
+            f"can't convert {self.device} device type tensor to numpy. Use Tensor.cpu() to "
+            "copy the tensor to host memory first."
+        )
+
+    def __reduce_ex__(self, proto: Any) -> Any:
+        # Pickle like a plain xla tensor (rebuilt from a CPU copy onto its device), not as a
+        # subclass: that is what torch does for real xla tensors, and weights_only loads it.
+        return self._reduce_ex_internal(proto)
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
@@ -187,6 +200,8 @@ def _run(func, args, kwargs):
         node = Node(hash((base, index, tuple(o.shape), stable_id(o.dtype))), func, frozen_inputs)
         existing = elems.get(id(o))
         if existing is not None:  # in-place / out= ops hand back their input
+            if existing.shape != o.shape or existing.stride() != o.stride():
+                set_wrapper_meta(existing, o)
             existing._node = node
             pending.append(weakref.ref(existing))
             return existing
@@ -318,4 +333,8 @@ _SPECIAL = {
 }
 
 
-FACTORY_KERNELS = FactoryKernels(wrap_factory)
+def _copy_into(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
+    return _copy_(aten.copy_.default, (dst, src), {})
+
+
+FACTORY_KERNELS = FactoryKernels(wrap_factory, _copy_into)
