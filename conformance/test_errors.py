@@ -1,0 +1,68 @@
+"""Error types and messages as real torch_xla 2.9 raises them (each checked on real PJRT CPU)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+
+def test_python_api_errors(xla_target):
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+    import torch_xla.distributed.xla_multiprocessing as xmp
+
+    n_local = xla_target.devices_per_host
+    devices = [f"xla:{i}" for i in range(n_local)]
+    # torch_xla.device() checks `index > len(devices)`, so index == len falls through to the list
+    with pytest.raises(IndexError, match=r"^list index out of range$"):
+        torch_xla.device(n_local)
+    message = f"Device index {n_local + 1} out of range in {devices!r}"
+    with pytest.raises(IndexError, match=f"^{re.escape(message)}$"):
+        torch_xla.device(n_local + 1)
+    with pytest.raises(RuntimeError, match=r"^Invalid device format: cpu$"):
+        xm.xla_device_hw("cpu")
+    with pytest.raises(TypeError, match=r"^`payload` must be bytes, not <class 'int'>$"):
+        xm.rendezvous("tag", 5)
+    with pytest.raises(ValueError, match=r"^Unsupported nprocs \(2\)\. Please use nprocs=1 or "
+                       r"None \(default\)\."):
+        xmp.spawn(lambda index: None, nprocs=2)
+    t = torch.ones(3, device=torch_xla.device())
+    with pytest.raises(TypeError, match=r"^can't convert xla:0 device type tensor to numpy\. "
+                       r"Use Tensor\.cpu\(\) to copy the tensor to host memory first\.$"):
+        t.numpy()
+    with pytest.raises(RuntimeError, match=r"^a Tensor with 3 elements cannot be converted to "
+                       r"Scalar$"):
+        t.item()
+
+
+def test_spmd_mode_errors(xla_target):
+    import torch.distributed as dist
+    import torch_xla
+    import torch_xla.runtime as xr
+
+    xr.use_spmd()
+    with pytest.raises(NotImplementedError, match=r"^launch function does not support SPMD at "
+                       r"this time$"):
+        torch_xla.launch(lambda: None)
+    with pytest.raises(AssertionError, match=r"^XLA backend is not supported with SPMD\. Please "
+                       r"use a CPU process group instead\.$"):
+        dist.init_process_group("xla", init_method="xla://")
+    assert not dist.is_initialized()
+
+
+def test_shape_errors_name_xla_shapes(xla_target):
+    """Shape errors are raised when the op is traced, in XLA's words (f32[2,3]), not eager's."""
+    import torch_xla
+
+    dev = torch_xla.device()
+    a = torch.ones(2, 3, device=dev)
+    with pytest.raises(RuntimeError, match=r"^mm\(\): cannot matrix-multiply tensors f32\[2,3\] "
+                       r"and f32\[2,3\]\. Expected the size of dimension 1 of the first input "
+                       r"tensor \(3\) to be equal the size of dimension 0 of the second input "
+                       r"tensor \(2\)\.$"):
+        a @ a
+    with pytest.raises(RuntimeError, match=r"^Shapes are not compatible for broadcasting: "
+                       r"f32\[2,3\] vs\. f32\[4\]\."):
+        a + torch.ones(4, device=dev)

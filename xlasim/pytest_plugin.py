@@ -1,0 +1,627 @@
+"""pytest plugin: run one test function on the simulator, real torch_xla on CPU and a real TPU.
+
+Loaded through the ``pytest11`` entry point (installing xlasim is enough).  See
+``docs/testing.md`` for the user guide; the short version:
+
+* ``xla_target`` is a parametrized fixture.  A test that asks for it runs once per target:
+  ``sim`` (the simulator, mark ``cpu_sim``), ``xla_cpu`` (real torch_xla with
+  ``PJRT_DEVICE=CPU``, mark ``xla_cpu``) and ``tpu`` (a real TPU, mark ``tpu``).  A target
+  that cannot run here is *skipped with its reason*; it never passes without running.
+* Real torch_xla keeps SPMD mode and its runtime caches process-wide, so every real-target
+  test runs in a fresh ``python -m pytest <nodeid>`` subprocess; the parent pytest process
+  never imports real torch_xla.  Sim-target tests run in-process inside
+  ``xlasim.simulate(...)`` with a fresh simulated runtime per test, unless the test carries
+  the ``xlasim_shared`` mark.
+* ``--topology`` / ``--accelerator`` (or the ``topology(...)`` mark) choose the slice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.machinery
+import importlib.metadata
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tpu_backend.topology import SliceSpec, parse_slice
+
+__all__ = [
+    "REAL_TARGETS",
+    "TARGETS",
+    "XlaTarget",
+    "count_tpu_chips",
+    "real_torch_xla_unavailable",
+    "tpu_unavailable",
+    "xla_cpu_unavailable",
+]
+
+TARGETS = ("sim", "xla_cpu", "tpu")
+REAL_TARGETS = frozenset({"xla_cpu", "tpu"})
+_TARGET_MARKS = {"sim": "cpu_sim", "xla_cpu": "xla_cpu", "tpu": "tpu"}
+DEFAULT_TOPOLOGY = "2x2"
+DEFAULT_TIMEOUT_S = 300.0
+
+# torch_xla 2.9 _internal/tpu.py counts chips exactly like this (num_available_chips).
+PCI_DEVICES_ROOT = "/sys/bus/pci/devices"
+_GOOGLE_PCI_VENDOR_ID = "0x1ae0"
+_TPU_PCI_DEVICE_IDS = frozenset(
+    {"0x0027", "0x005e", "0x0063", "0x006f", "0x0056", "0x0062", "0x0076"}
+)
+
+_XLASIM_DIR = Path(__file__).resolve().parent
+# The child must not inherit the simulator, a forced SPMD mode or the parent's extra options.
+_CHILD_ENV_DROP_PREFIXES = ("XLASIM_",)
+_CHILD_ENV_DROP = frozenset({"XLA_USE_SPMD", "PYTEST_ADDOPTS", "PJRT_DEVICE", "CPU_NUM_DEVICES"})
+_OUTPUT_LIMIT = 60_000
+
+_child_target_key = pytest.StashKey[str | None]()
+_targets_key = pytest.StashKey[tuple[str, ...]]()
+
+
+@dataclass(frozen=True)
+class XlaTarget:
+    """What a test may know about the target it runs on."""
+
+    name: str
+    """'sim', 'xla_cpu' or 'tpu'."""
+    spec: SliceSpec
+    host_index: int = 0
+
+    @property
+    def is_real(self) -> bool:
+        return self.name in REAL_TARGETS
+
+    @property
+    def device_type(self) -> str:
+        """What ``torch_xla.runtime.device_type()`` returns on this target."""
+        return "CPU" if self.name == "xla_cpu" else "TPU"
+
+    @property
+    def num_devices(self) -> int:
+        return self.spec.num_devices
+
+    @property
+    def num_hosts(self) -> int:
+        return self.spec.num_hosts
+
+    @property
+    def devices_per_host(self) -> int:
+        return self.spec.devices_per_host
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.spec.pod_type}, topology {self.spec.topology})"
+
+
+# ---------------------------------------------------------------------------------------------
+# Target availability (never imports torch_xla)
+
+
+def _major_minor(version: str) -> tuple[str, ...]:
+    return tuple(version.split("+")[0].split(".")[:2])
+
+
+def real_torch_xla_unavailable() -> str | None:
+    """Why real torch_xla cannot be imported by a child of this interpreter, or None.
+
+    ``PathFinder`` searches ``sys.path`` only, so the simulator's meta-path finder (active
+    or not) cannot answer for the real package.
+    """
+    found = importlib.machinery.PathFinder.find_spec("torch_xla")
+    if found is None or found.origin is None:
+        return f"real torch_xla is not installed for {sys.executable}"
+    origin = Path(found.origin).resolve()
+    if _XLASIM_DIR in origin.parents:
+        return f"the torch_xla found on sys.path is the simulator ({origin}), not real torch_xla"
+    try:
+        xla_version = importlib.metadata.version("torch_xla")
+        torch_version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return None  # a source checkout without metadata: let the child try
+    if _major_minor(xla_version) != _major_minor(torch_version):
+        return (
+            f"real torch_xla {xla_version} needs torch {'.'.join(_major_minor(xla_version))}.*, "
+            f"but this environment has torch {torch_version}"
+        )
+    return None
+
+
+def count_tpu_chips(root: str | os.PathLike[str] | None = None) -> int:
+    """TPU chips attached through PCI, as torch_xla's ``tpu.num_available_chips`` counts them."""
+    base = Path(root if root is not None else PCI_DEVICES_ROOT)
+    chips = 0
+    for vendor_path in base.glob("*/vendor"):
+        try:
+            if vendor_path.read_text().strip() != _GOOGLE_PCI_VENDOR_ID:
+                continue
+            device_id = (vendor_path.parent / "device").read_text().strip()
+        except OSError:
+            continue
+        if device_id in _TPU_PCI_DEVICE_IDS:
+            chips += 1
+    return chips
+
+
+def xla_cpu_unavailable(spec: SliceSpec) -> str | None:
+    if spec.num_hosts > 1:
+        return (
+            f"it runs one process on one host, but topology {spec.topology} "
+            f"({spec.accelerator}, {spec.pod_type}) has {spec.num_hosts} hosts"
+        )
+    return real_torch_xla_unavailable()
+
+
+def tpu_unavailable(spec: SliceSpec) -> str | None:
+    chips = count_tpu_chips()
+    if chips == 0:
+        return (
+            f"no TPU chips on this host (no PCI device of vendor {_GOOGLE_PCI_VENDOR_ID} "
+            f"under {PCI_DEVICES_ROOT})"
+        )
+    if spec.num_hosts > 1:
+        return (
+            f"topology {spec.topology} ({spec.pod_type}) has {spec.num_hosts} hosts; the tpu "
+            "target runs on one TPU VM only"
+        )
+    if chips != spec.chips_per_host:
+        return (
+            f"this host has {chips} TPU chips but {spec.pod_type} (topology {spec.topology}) "
+            f"has {spec.chips_per_host}; pass --topology/--accelerator matching this TPU VM"
+        )
+    return real_torch_xla_unavailable()
+
+
+def _unavailable(target: XlaTarget) -> str | None:
+    if target.name == "xla_cpu":
+        return xla_cpu_unavailable(target.spec)
+    if target.name == "tpu":
+        return tpu_unavailable(target.spec)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Options, marks, parametrization
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("xlasim", "torch_xla targets (simulator, real CPU, real TPU)")
+    group.addoption(
+        "--topology",
+        dest="xla_topology",
+        default=DEFAULT_TOPOLOGY,
+        help=f"TPU topology of the slice, e.g. 2x2 or 2x2x2 (default {DEFAULT_TOPOLOGY}); "
+        "the topology(...) mark overrides it per test",
+    )
+    group.addoption(
+        "--accelerator",
+        dest="xla_accelerator",
+        default=None,
+        help="TPU generation: v2, v3, v4, v5litepod (v5e), v5p, v6e, v7x (default: v6e)",
+    )
+    group.addoption(
+        "--xla-targets",
+        dest="xla_targets",
+        default=",".join(TARGETS),
+        help="comma-separated targets the xla_target fixture runs on "
+        f"(default {','.join(TARGETS)})",
+    )
+    group.addoption(
+        "--xla-timeout",
+        dest="xla_timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT_S,
+        help=f"seconds one real-target test subprocess may run (default {DEFAULT_TIMEOUT_S:g})",
+    )
+    # Internal: set on the child pytest that runs one real-target test.
+    group.addoption("--xlasim-child", dest="xlasim_child", default=None, help=argparse.SUPPRESS)
+    group.addoption(
+        "--xlasim-child-report", dest="xlasim_child_report", default=None, help=argparse.SUPPRESS
+    )
+
+
+def _parse_targets(value: str) -> tuple[str, ...]:
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    bad = [n for n in names if n not in TARGETS]
+    if bad or not names:
+        raise pytest.UsageError(
+            f"--xla-targets {value!r}: unknown target(s) {bad or '(none given)'}; "
+            f"valid targets are {', '.join(TARGETS)} (comma-separated)"
+        )
+    return tuple(t for t in TARGETS if t in names)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "cpu_sim: runs on the xlasim simulator (xla_target 'sim')")
+    config.addinivalue_line("markers", "xla_cpu: runs on real torch_xla with PJRT_DEVICE=CPU")
+    config.addinivalue_line("markers", "tpu: runs on a real TPU")
+    config.addinivalue_line(
+        "markers",
+        "topology(topology, accelerator=None): the slice this test runs on "
+        "(overrides --topology/--accelerator)",
+    )
+    config.addinivalue_line(
+        "markers",
+        "xlasim_shared: sim-target tests of one module carrying this mark share one simulated "
+        "runtime instead of a fresh one each",
+    )
+    try:
+        parse_slice(config.getoption("xla_topology"), config.getoption("xla_accelerator"))
+    except (ValueError, KeyError) as exc:
+        raise pytest.UsageError(f"--topology/--accelerator: {exc}") from exc
+    config.stash[_targets_key] = _parse_targets(config.getoption("xla_targets"))
+    child = config.getoption("xlasim_child")
+    if child is not None and child not in REAL_TARGETS:
+        raise pytest.UsageError(f"--xlasim-child {child!r}: expected one of {sorted(REAL_TARGETS)}")
+    config.stash[_child_target_key] = child
+    report_path = config.getoption("xlasim_child_report")
+    if child is not None and report_path:
+        config.pluginmanager.register(_ChildReporter(Path(report_path)), "xlasim-child-reporter")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "xla_target" not in metafunc.fixturenames:
+        return
+    params = [
+        pytest.param(name, marks=getattr(pytest.mark, _TARGET_MARKS[name]), id=name)
+        for name in metafunc.config.stash[_targets_key]
+    ]
+    metafunc.parametrize("xla_target", params, indirect=True)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Before `-m` deselects: a test on the xlasim_sim fixture is a simulator test.
+    for item in items:
+        if "xlasim_sim" in getattr(item, "fixturenames", ()) and not item.get_closest_marker(
+            "cpu_sim"
+        ):
+            item.add_marker(pytest.mark.cpu_sim)
+
+
+def _slice_for(node: pytest.Item, config: pytest.Config) -> SliceSpec:
+    marker = node.get_closest_marker("topology")
+    if marker is None:
+        return parse_slice(config.getoption("xla_topology"), config.getoption("xla_accelerator"))
+    args, kwargs = list(marker.args), dict(marker.kwargs)
+    unknown = set(kwargs) - {"topology", "accelerator"}
+    if unknown or len(args) > 2 or (not args and "topology" not in kwargs):
+        raise TypeError(
+            f"@pytest.mark.topology{tuple(args)!r} {kwargs!r}: expected "
+            "topology(topology: str, accelerator: str | None = None), e.g. "
+            "@pytest.mark.topology('2x2x2', accelerator='v4')"
+        )
+    topology = args[0] if args else kwargs["topology"]
+    accelerator = args[1] if len(args) > 1 else kwargs.get("accelerator")
+    return parse_slice(topology, accelerator)
+
+
+# ---------------------------------------------------------------------------------------------
+# Simulator contexts
+
+
+def _check_simulated_torch_xla(target: XlaTarget) -> None:
+    module = sys.modules.get("torch_xla")
+    path = getattr(module, "__file__", None)
+    if path and _XLASIM_DIR not in Path(path).resolve().parents:
+        raise RuntimeError(
+            f"target {target}: the torch_xla imported by this test is {path}, not the simulator"
+        )
+
+
+@contextlib.contextmanager
+def _simulated(target: XlaTarget) -> Iterator[None]:
+    import xlasim
+
+    with xlasim.simulate(
+        target.spec.topology, target.spec.accelerator, host_index=target.host_index
+    ):
+        yield
+        _check_simulated_torch_xla(target)
+
+
+class _SharedSimulation:
+    """One simulate() context left open across the ``xlasim_shared`` tests of a module."""
+
+    def __init__(self) -> None:
+        self._stack: contextlib.ExitStack | None = None
+        self._key: tuple[str, str, int] | None = None
+
+    def enter(self, target: XlaTarget) -> None:
+        key = (target.spec.topology, target.spec.accelerator, target.host_index)
+        if key == self._key:
+            return
+        self.close()
+        stack = contextlib.ExitStack()
+        stack.enter_context(_simulated(target))
+        self._stack, self._key = stack, key
+
+    def close(self) -> None:
+        stack, self._stack, self._key = self._stack, None, None
+        if stack is not None:
+            stack.close()
+
+
+@pytest.fixture(scope="module")
+def _xlasim_shared_simulation() -> Iterator[_SharedSimulation]:
+    shared = _SharedSimulation()
+    try:
+        yield shared
+    finally:
+        shared.close()
+
+
+def _run_simulated(request: pytest.FixtureRequest, target: XlaTarget) -> Iterator[XlaTarget]:
+    if request.node.get_closest_marker("xlasim_shared") is not None:
+        shared: _SharedSimulation = request.getfixturevalue("_xlasim_shared_simulation")
+        shared.enter(target)
+        yield target
+        _check_simulated_torch_xla(target)
+    else:
+        with _simulated(target):
+            yield target
+
+
+@pytest.fixture
+def xlasim_sim(request: pytest.FixtureRequest) -> Iterator[XlaTarget]:
+    """The simulator only (honours the topology mark), fresh per test unless xlasim_shared."""
+    target = XlaTarget("sim", _slice_for(request.node, request.config))
+    yield from _run_simulated(request, target)
+
+
+# ---------------------------------------------------------------------------------------------
+# The target fixture
+
+
+@pytest.fixture
+def xla_target(request: pytest.FixtureRequest) -> Iterator[XlaTarget]:
+    """The target this test instance runs on; parametrized over --xla-targets."""
+    name = getattr(request, "param", None)
+    if name not in TARGETS:
+        raise RuntimeError(f"xla_target was not parametrized by the xlasim plugin (got {name!r})")
+    target = XlaTarget(name, _slice_for(request.node, request.config))
+    if name == "sim":
+        yield from _run_simulated(request, target)
+        return
+    child = request.config.stash[_child_target_key]
+    if child is None:
+        reason = _unavailable(target)
+        if reason is not None:
+            pytest.skip(f"{name} target unavailable: {reason}")
+        yield target  # the body runs in a subprocess, see pytest_pyfunc_call
+        return
+    if child != name:
+        raise RuntimeError(f"child pytest for target {child!r} was asked to run target {name!r}")
+    _check_no_simulator(target)
+    yield target
+    module = sys.modules.get("torch_xla")
+    path = getattr(module, "__file__", None)
+    if path and _XLASIM_DIR in Path(path).resolve().parents:
+        raise RuntimeError(f"target {target}: torch_xla resolved to the simulator ({path})")
+
+
+def _check_no_simulator(target: XlaTarget) -> None:
+    finders = [f for f in sys.meta_path if type(f).__module__.split(".")[0] == "xlasim"]
+    if finders:
+        raise RuntimeError(
+            f"target {target}: the simulator's import hook is active in the real-target "
+            f"subprocess ({finders!r}); is XLASIM_TOPOLOGY set?"
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Real targets: one subprocess per test
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
+    if pyfuncitem.config.stash[_child_target_key] is not None:
+        return None
+    callspec = getattr(pyfuncitem, "callspec", None)
+    if callspec is None or callspec.params.get("xla_target") not in REAL_TARGETS:
+        return None
+    _run_in_subprocess(pyfuncitem, pyfuncitem.funcargs["xla_target"])
+    return True
+
+
+# The child loads this file by path, not as `xlasim.pytest_plugin`: importing the xlasim package
+# prepares stock torch for the simulator (device guard, kernels), which must not happen in a
+# process that is about to import real torch_xla.
+_CHILD_BOOTSTRAP = """\
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("_xlasim_pytest_child", sys.argv[1])
+plugin = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = plugin
+spec.loader.exec_module(plugin)
+import pytest
+sys.exit(pytest.main(sys.argv[2:], plugins=[plugin]))
+"""
+
+
+def _blocked_plugin_names() -> list[str]:
+    """Every name under which pytest could load this plugin from the xlasim package."""
+    names = {"xlasim.pytest_plugin"}
+    for ep in importlib.metadata.entry_points(group="pytest11"):
+        if ep.value == "xlasim.pytest_plugin":
+            names.add(ep.name)
+    return sorted(names)
+
+
+def _child_env(target: XlaTarget) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in _CHILD_ENV_DROP and not k.startswith(_CHILD_ENV_DROP_PREFIXES)
+    }
+    if target.name == "xla_cpu":
+        env["PJRT_DEVICE"] = "CPU"
+        env["CPU_NUM_DEVICES"] = str(target.num_devices)
+    else:
+        env["PJRT_DEVICE"] = "TPU"
+    return env
+
+
+def _child_command(item: pytest.Function, target: XlaTarget, workdir: Path) -> list[str]:
+    config = item.config
+    _, _, rest = item.nodeid.partition("::")
+    args = [
+        sys.executable,
+        "-c",
+        _CHILD_BOOTSTRAP,
+        str(Path(__file__).resolve()),
+        f"{item.path}::{rest}",
+        *(arg for name in _blocked_plugin_names() for arg in ("-p", f"no:{name}")),
+        f"--xlasim-child={target.name}",
+        f"--xlasim-child-report={workdir / 'report.jsonl'}",
+        f"--xla-targets={target.name}",
+        f"--topology={config.getoption('xla_topology')}",
+        f"--rootdir={config.rootpath}",
+        f"--basetemp={workdir / 'basetemp'}",
+        f"--import-mode={config.getoption('importmode')}",
+        "-o",
+        "addopts=",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "--tb=long",
+        "--no-header",
+        "-rfEsxX",
+    ]
+    accelerator = config.getoption("xla_accelerator")
+    if accelerator is not None:
+        args.append(f"--accelerator={accelerator}")
+    if config.inipath is not None:
+        args += ["-c", str(config.inipath)]
+    return args
+
+
+def _run_in_subprocess(item: pytest.Function, target: XlaTarget) -> None:
+    timeout = float(item.config.getoption("xla_timeout"))
+    with tempfile.TemporaryDirectory(prefix="xlasim-child-") as tmp:
+        workdir = Path(tmp)
+        command = _child_command(item, target, workdir)
+        started = time.monotonic()
+        proc = subprocess.Popen(
+            command,
+            cwd=item.config.invocation_params.dir,
+            env=_child_env(target),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            start_new_session=True,  # so a timeout kills the child's own children too
+        )
+        try:
+            output, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc)
+            output, _ = proc.communicate()
+            _fail(
+                target,
+                f"timed out after {timeout:g} s (--xla-timeout) and was killed",
+                command,
+                output,
+            )
+        finally:
+            if proc.poll() is None:
+                _kill_group(proc)
+                proc.wait()
+        elapsed = time.monotonic() - started
+        reports = _read_reports(workdir / "report.jsonl", item.nodeid)
+    _judge(target, proc.returncode, reports, command, output, elapsed)
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _read_reports(path: Path, nodeid: str) -> dict[str, dict[str, Any]]:
+    reports: dict[str, dict[str, Any]] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            report = json.loads(line)
+            if report["nodeid"] == nodeid:
+                reports[report["when"]] = report
+    return reports
+
+
+def _fail(target: XlaTarget, what: str, command: list[str], output: str) -> None:
+    if len(output) > _OUTPUT_LIMIT:
+        cut = len(output) - _OUTPUT_LIMIT
+        output = f"[... {cut} characters cut ...]\n" + output[-_OUTPUT_LIMIT:]
+    pytest.fail(
+        f"target {target}: the test subprocess {what}\n"
+        f"command: {_show_command(command)}\n"
+        f"{'-' * 30} subprocess output {'-' * 30}\n{output}",
+        pytrace=False,
+    )
+
+
+def _show_command(command: list[str]) -> str:
+    shown = ["<xlasim child bootstrap>" if arg == _CHILD_BOOTSTRAP else arg for arg in command]
+    return shlex.join(shown)
+
+
+def _judge(
+    target: XlaTarget,
+    returncode: int,
+    reports: dict[str, dict[str, Any]],
+    command: list[str],
+    output: str,
+    elapsed: float,
+) -> None:
+    failed = [r for r in reports.values() if r["outcome"] == "failed"]
+    if failed:
+        when = failed[0]["when"]
+        if when == "call" and failed[0]["xpass_strict"]:
+            return  # the parent's own xfail(strict=True) mark turns the pass into the failure
+        what = f"failed in {when} (exit code {returncode}, {elapsed:.1f} s)"
+        _fail(target, what, command, output)
+    if returncode not in (0, 1):
+        _fail(target, f"exited with code {returncode}", command, output)
+    if "setup" not in reports or "teardown" not in reports:
+        _fail(target, f"did not run the test (exit code {returncode})", command, output)
+    for when in ("setup", "call"):
+        report = reports.get(when)
+        if report is not None and report["outcome"] == "skipped":
+            if report["wasxfail"] is not None:
+                pytest.xfail(report["wasxfail"])
+            # reported at the test's location, not at this line
+            raise pytest.skip.Exception(report["reason"], _use_item_location=True)
+    if "call" not in reports:
+        _fail(target, f"reported no call phase (exit code {returncode})", command, output)
+
+
+class _ChildReporter:
+    """In the child: writes each report as a JSON line for the parent to judge."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        reason = None
+        if report.skipped and isinstance(report.longrepr, tuple):
+            reason = report.longrepr[2].removeprefix("Skipped: ")
+        record = {
+            "nodeid": report.nodeid,
+            "when": report.when,
+            "outcome": report.outcome,
+            "reason": reason,
+            "wasxfail": getattr(report, "wasxfail", None),
+            "xpass_strict": report.failed and str(report.longrepr).startswith("[XPASS(strict)]"),
+        }
+        with self._path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
