@@ -11,10 +11,11 @@ TPU code runs unchanged (``SlicePlacementGroup``, head reservation, pod-name sor
 * env vars ``TPU_NAME``, ``TPU_WORKER_ID``, ``TPU_ACCELERATOR_TYPE``, ``TPU_TOPOLOGY``
   (what GKE sets and Ray reads).
 
-On top, ``XLASIM_TOPOLOGY`` / ``XLASIM_ACCELERATOR`` / ``XLASIM_HOST_INDEX`` make every
-worker process on that node start with the simulator active (``xlasim.pth``), as host
-``XLASIM_HOST_INDEX`` of the slice; ``simulate=False`` leaves them out (a "real" TPU
-host without torch_xla, for error-path tests).
+On top, every worker process of the connected job starts with the simulator active
+(``xlasim.pth``) as its node's host: the job's ``runtime_env`` (:data:`SIMULATION_RUNTIME_ENV`)
+sets ``XLASIM_TOPOLOGY`` / ``XLASIM_ACCELERATOR`` / ``XLASIM_HOST_INDEX`` from the node's
+``XLASIM_NODE_*`` values.  ``simulate=False`` leaves them out (a "real" TPU host without
+torch_xla, for error-path tests).
 
 The machine behind it may have 2 cores: nodes get 1 logical CPU and a small object store
 by default, start-up is bounded, and the cluster is torn down on every exit path.
@@ -38,9 +39,26 @@ __all__ = [
     "simulated_tpu_cluster",
     "tpu_ray_cluster_fixture",
     "DEFAULT_OBJECT_STORE_BYTES",
+    "SIMULATION_RUNTIME_ENV",
 ]
 
 DEFAULT_OBJECT_STORE_BYTES = 80 * 1024 * 1024
+
+SIMULATION_RUNTIME_ENV: dict[str, Any] = {
+    "env_vars": {
+        "XLASIM_TOPOLOGY": "${XLASIM_NODE_TOPOLOGY}",
+        "XLASIM_ACCELERATOR": "${XLASIM_NODE_ACCELERATOR}",
+        "XLASIM_HOST_INDEX": "${XLASIM_NODE_HOST_INDEX}",
+    }
+}
+"""Job runtime_env that activates the simulator in every worker process of the job.
+
+Ray expands ``${VAR}`` from the node's environment when it starts a worker, so each
+worker gets its own node's host index.  The activation variables are not set on the
+node itself because every Python process started with them imports torch at start-up
+(``xlasim.pth``), Ray's per-node agents included, and a raylet whose agent is not up
+within Ray's hard-coded 30 s aborts; job workers are the only processes that need it.
+On a node without the ``XLASIM_NODE_*`` values (a plain head) they expand to ''."""
 """Ray's floor is 75 MiB; tests move kilobytes."""
 
 _PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
@@ -76,11 +94,13 @@ def host_node_args(
         "TPU_TOPOLOGY": spec.topology,
     }
     if simulate:
+        # Inert on the node: the job's runtime_env turns them into XLASIM_* for job workers
+        # only (see SIMULATION_RUNTIME_ENV).
         env.update(
             {
-                "XLASIM_TOPOLOGY": spec.topology,
-                "XLASIM_ACCELERATOR": spec.accelerator,
-                "XLASIM_HOST_INDEX": str(host_index),
+                "XLASIM_NODE_TOPOLOGY": spec.topology,
+                "XLASIM_NODE_ACCELERATOR": spec.accelerator,
+                "XLASIM_NODE_HOST_INDEX": str(host_index),
             }
         )
     # Workers must import this project (backend functions are pickled by reference) even
@@ -136,7 +156,8 @@ def simulated_tpu_cluster(
     num_slices: int = 1,
     simulate: bool = True,
     num_cpus_per_host: float = 1,
-    head_num_cpus: float = 1,
+    head_num_cpus: float = 0,
+    separate_head: bool = False,
     object_store_memory: int = DEFAULT_OBJECT_STORE_BYTES,
     startup_timeout_s: float = 90.0,
     extra_env: Mapping[str, str] | None = None,
@@ -144,8 +165,9 @@ def simulated_tpu_cluster(
 ) -> Iterator[SimulatedTPUCluster]:
     """Start a local Ray cluster shaped like ``num_slices`` slices of ``topology``.
 
-    A CPU-only head node (``head_num_cpus`` CPUs, no TPUs; the driver and Ray Train's
-    controller live there, as on real TPU clusters) plus one node per TPU host.  Raises
+    One Ray node per TPU host; the first host is the head node (as in Ray's own
+    fake-TPU tests) unless ``separate_head`` adds a TPU-less head, as real TPU clusters
+    usually have.  ``head_num_cpus`` extra CPUs go to the head (for test actors).  Raises
     ``TimeoutError`` when the nodes do not register within ``startup_timeout_s``; always
     shuts the cluster down on exit.
     """
@@ -165,29 +187,39 @@ def simulated_tpu_cluster(
     cluster = None
     try:
         cluster = Cluster(initialize_head=False, shutdown_at_exit=True)
-        common = {
-            "object_store_memory": object_store_memory,
-            "include_dashboard": False,
-        }
-        cluster.add_node(num_cpus=head_num_cpus, resources={}, **common)
-        for name in slice_names:
-            for host in range(spec.num_hosts):
-                cluster.add_node(
-                    wait=False,
-                    object_store_memory=object_store_memory,
-                    **host_node_args(
-                        spec,
-                        host,
-                        name,
-                        simulate=simulate,
-                        num_cpus=num_cpus_per_host,
-                        extra_env=extra_env,
-                    ),
+        hosts = [(name, host) for name in slice_names for host in range(spec.num_hosts)]
+        if separate_head:
+            cluster.add_node(
+                num_cpus=head_num_cpus,
+                resources={},
+                object_store_memory=object_store_memory,
+                include_dashboard=False,
+            )
+        for i, (name, host) in enumerate(hosts):
+            args = host_node_args(
+                spec, host, name, simulate=simulate, num_cpus=num_cpus_per_host,
+                extra_env=extra_env,
+            )
+            if cluster.head_node is None:
+                # As in Ray's own fake-TPU tests, worker 0 of the first slice is the head.
+                args["num_cpus"] += head_num_cpus
+                args["include_dashboard"] = False
+            # One node at a time: each raylet waits at most 30 s (hard-coded in Ray) to
+            # register, and starting several at once on a 2-core machine can exceed it.
+            cluster.add_node(object_store_memory=object_store_memory, **args)
+            if time.monotonic() - t0 > startup_timeout_s and i < len(hosts) - 1:
+                raise TimeoutError(
+                    f"simulated TPU cluster: only {i + 1} of {len(hosts)} hosts started "
+                    f"within {startup_timeout_s:g}s"
                 )
         remaining = startup_timeout_s - (time.monotonic() - t0)
         cluster.wait_for_nodes(timeout=max(remaining, 1.0))
         if connect:
-            ray.init(address=cluster.address, log_to_driver=True)
+            ray.init(
+                address=cluster.address,
+                log_to_driver=True,
+                runtime_env=SIMULATION_RUNTIME_ENV if simulate else None,
+            )
         handle = SimulatedTPUCluster(
             spec=spec,
             num_slices=num_slices,
@@ -233,9 +265,5 @@ def tpu_ray_cluster_fixture(request: Any) -> Iterator[SimulatedTPUCluster]:
             kwargs = {"topology": marker.args[0], "accelerator": marker.kwargs.get("accelerator")}
             if len(marker.args) > 1:
                 kwargs["accelerator"] = marker.args[1]
-    if "topology" in kwargs and kwargs.get("accelerator") is None:
-        # A 3-D topology without an accelerator means the first 3-D generation, v4, as
-        # in Ray's tests; 2-D ones take the project's default (v6e).
-        kwargs["accelerator"] = "v4" if kwargs["topology"].count("x") == 2 else None
     with simulated_tpu_cluster(**kwargs) as handle:
         yield handle
