@@ -15,6 +15,7 @@ import sys
 import time
 import weakref
 import zlib
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -106,10 +107,37 @@ def _collect(outputs: Iterable[Node]) -> tuple[tuple[str, ...], tuple[InputInfo,
     return tuple(ops), tuple(inputs)
 
 
+# Library frames a graph cut is never attributed to: the simulator, torch, and the seamless
+# wrappers of ``tpu_backend`` (their ``optimizer.step()`` syncs on the user's behalf, so the
+# user's call of it is the site worth reporting).
+_LIBRARY_DIRS = (
+    os.path.dirname(__file__) + os.sep,
+    os.path.dirname(torch.__file__) + os.sep,
+    os.path.join(os.path.dirname(os.path.dirname(__file__)), "tpu_backend") + os.sep,
+)
+
+# torch_xla's in-memory compiled-graph cache holds XLA_COMPILATION_CACHE_SIZE graphs (LRU).
+DEFAULT_COMPILATION_CACHE_SIZE = 2048
+
+
+def _env_int(name: str, default: int) -> int:
+    """``sys_util::GetEnvInt``: unset -> default, else ``std::atoi`` (no digits -> 0)."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    digits = raw.strip()
+    sign = -1 if digits.startswith("-") else 1
+    digits = digits.lstrip("+-")
+    end = 0
+    while end < len(digits) and digits[end].isdigit():
+        end += 1
+    return sign * int(digits[:end]) if end else 0
+
+
 def _user_site() -> str:
-    """The first frame outside xlasim/torch: where the user's code cut the graph."""
+    """The first frame outside the libraries: where the user's code cut the graph."""
     frame = sys._getframe(2)
-    skip = (os.path.dirname(__file__), os.path.dirname(torch.__file__))
+    skip = _LIBRARY_DIRS
     while frame is not None:
         filename = frame.f_code.co_filename
         if not filename.startswith(skip) and "importlib" not in filename:
@@ -144,7 +172,9 @@ class GraphCache:
 
     def __init__(self, runtime: SimRuntime) -> None:
         self._runtime = runtime
-        self.compiled: dict[int, GraphRecord] = {}
+        # LRU order, oldest first; bounded like torch_xla's memory cache once it is created.
+        self.compiled: OrderedDict[int, GraphRecord] = OrderedDict()
+        self._capacity: int | None = None
         self.last_at_site: dict[str, GraphRecord] = {}
         self.recompilations: list[Recompilation] = []
         # Tensors that got a pending node; dead references are dropped at the next sync.
@@ -162,12 +192,13 @@ class GraphCache:
         metrics = self._runtime.metrics
         self.initialized = True
         if key in self.compiled:
+            self.compiled.move_to_end(key)
             metrics.inc("CachedCompile")
             return True
         path, _ = self._persistent_dir()
         if path is not None:
             os.makedirs(path, exist_ok=True)
-            entry = os.path.join(path, f"{key & (2**64 - 1):016x}")
+            entry = self._entry(path, key)
             if os.path.exists(entry):
                 start = time.perf_counter_ns()
                 with open(entry, encoding="utf-8") as f:
@@ -180,12 +211,25 @@ class GraphCache:
         metrics.inc("UncachedCompile")
         return False
 
+    @staticmethod
+    def _entry(path: str, key: int) -> str:
+        # torch_xla names an entry by its graph hash written as a decimal number.
+        return os.path.join(path, str(key & (2**64 - 1)))
+
     def _store(self, record: GraphRecord) -> None:
+        if self._capacity is None:
+            # Read once, when the cache is created, as torch_xla does.
+            self._capacity = _env_int(
+                "XLA_COMPILATION_CACHE_SIZE", DEFAULT_COMPILATION_CACHE_SIZE
+            )
         self.compiled[record.key] = record
+        self.compiled.move_to_end(record.key)
+        while len(self.compiled) > max(self._capacity, 0):
+            self.compiled.popitem(last=False)
         path, readonly = self._persistent_dir()
         if path is None or readonly:
             return
-        entry = os.path.join(path, f"{record.key & (2**64 - 1):016x}")
+        entry = self._entry(path, record.key)
         if not os.path.exists(entry):
             tmp = f"{entry}.{os.getpid()}.tmp"
             with open(tmp, "w", encoding="utf-8") as f:
@@ -217,9 +261,8 @@ class GraphCache:
         metrics = self._runtime.metrics
         cached = self._lookup(key)
         site = _user_site()
-        if cached and key in self.compiled:
-            record = self.compiled[key]
-        else:
+        record = self.compiled.get(key) if cached else None
+        if record is None:
             ops, inputs = _collect(nodes)
             record = GraphRecord(key, site, ops, inputs, len(nodes))
             previous = self.last_at_site.get(site)
@@ -234,5 +277,10 @@ class GraphCache:
         record.executions += 1
         for t in tensors:
             t._node = None
-        metrics.inc("ExecuteComputation")
-        metrics.add_sample("ExecuteTime", time.perf_counter_ns() - start)
+        # PJRT counts an SPMD (virtual device) program as a replicated execution.
+        if self._runtime.spmd:
+            metrics.inc("ExecuteReplicated")
+            metrics.add_sample("ExecuteReplicatedTime", time.perf_counter_ns() - start)
+        else:
+            metrics.inc("ExecuteComputation")
+            metrics.add_sample("ExecuteTime", time.perf_counter_ns() - start)
