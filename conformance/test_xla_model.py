@@ -71,7 +71,7 @@ def test_single_process_collectives(xla_target):
     gathered = xm.all_gather(t.reshape(2, 2), dim=1)
     assert gathered.cpu().tolist() == [[0.0, 1.0], [2.0, 3.0]]
     assert xm.rendezvous("conformance") == [b""]
-    assert xm.rendezvous("conformance", b"payload") == [b""]
+    assert xm.rendezvous("conformance", b"payload") == [b"payload"]
     with pytest.raises(TypeError, match=r"^`payload` must be bytes, not <class 'str'>$"):
         xm.rendezvous("conformance", "not bytes")
 

@@ -28,7 +28,7 @@ class _Metric:
     def add(self, value: float) -> None:
         self.total += 1
         self.accumulator += value
-        self.samples.append((time.time_ns(), float(value)))
+        self.samples.append((float(time.time_ns()), float(value)))
         if len(self.samples) > _MAX_SAMPLES:
             del self.samples[0]
 
@@ -60,11 +60,13 @@ class Metrics:
     def metric_names(self) -> list[str]:
         return [n for n, m in self._metrics.items() if m.total]
 
-    def metric_data(self, name: str) -> tuple[int, float, list[tuple[float, float]]] | None:
+    def metric_data(
+        self, name: str
+    ) -> tuple[int, float, tuple[tuple[float, float], ...]] | None:
         metric = self._metrics.get(name)
         if metric is None or not metric.total:
             return None
-        return metric.total, metric.accumulator, list(metric.samples)
+        return metric.total, metric.accumulator, tuple(metric.samples)
 
     def clear_counters(self) -> None:
         self._counters.clear()

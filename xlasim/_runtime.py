@@ -42,8 +42,8 @@ class SimRuntime:
         self.step_closures: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
         # Set by xmp.spawn; 0 means "not replicated", which is what world_size() reads.
         self.replication_devices = 0
-        # True once a computation or transfer happened: initialize_cache() refuses after that.
-        self.computation_cache_initialized = False
+        # Set once a tensor lives on a device: torch_xla then calls the SPMD config locked.
+        self.devices_used = False
         self.generator = torch.Generator().manual_seed(0)
         self.rng_seed = 0
         self.extras: dict[str, Any] = {}

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from xlasim import _runtime
+from xlasim import _errors, _runtime
 from xlasim._device import FactoryKernels, set_wrapper_meta
 from xlasim._graph import InputInfo, Node, stable_id
 
@@ -187,9 +187,14 @@ def _run(func, args, kwargs):
             kwargs["generator"] = runtime.generator
     elif func in _RANDOM_OPS:
         kwargs = {"generator": runtime.generator}
-    out = func(*cargs, **kwargs)
+    try:
+        out = func(*cargs, **kwargs)
+    except RuntimeError as exc:
+        message = _errors.translate(func, tuple(cargs), exc)
+        if message is None:
+            raise
+        raise RuntimeError(message) from None
     graphs = runtime.graphs
-    graphs.initialized = True
     base = hash((stable_id(func), tuple(call.hashes), tuple(call.keys)))
     frozen_inputs = tuple(call.inputs)
     device = call.device or xla_device(runtime.default_device_index)
@@ -245,6 +250,7 @@ def wrap_data(elem: torch.Tensor, device: torch.device | None) -> XlaSimTensor:
     index = device.index if device is not None and device.index is not None else (
         runtime.default_device_index
     )
+    runtime.devices_used = True
     return XlaSimTensor(elem, xla_device(index))
 
 

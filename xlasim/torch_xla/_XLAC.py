@@ -93,7 +93,7 @@ def _xla_get_num_cached_compilation_graph() -> int:
 
 
 def _xla_get_spmd_config_is_locked() -> bool:
-    return _rt().graphs.initialized
+    return _rt().devices_used
 
 
 def _xla_step_marker(device: str = "", devices: Any = (), wait: bool = False,

@@ -17,6 +17,7 @@ from .torch_xla import (  # noqa: F401
 )
 from . import runtime  # noqa: E402,F401
 from .core import xla_model  # noqa: E402,F401
+from .distributed import xla_backend  # noqa: E402,F401 - registers the `xla` process group
 
 __all__ = [
     "__version__",

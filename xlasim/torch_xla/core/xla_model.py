@@ -293,7 +293,7 @@ class MemoryInfo(TypedDict):
 
 def get_memory_info(device: torch.device | None = None) -> MemoryInfo:
     if device is None:
-        device = torch_xla.device()
+        device = xla_device()
     if runtime.is_spmd():
         raise RuntimeError(
             "Check failed: device != spmd_device_str (SPMD:0 vs. SPMD:0)"

@@ -1,0 +1,115 @@
+"""Shape errors in XLA's words.
+
+torch_xla raises shape errors while tracing, with XLA shapes (``f32[2,3]``); eager CPU kernels
+word the same mistakes differently. For the ops below the simulator re-raises the CPU error with
+the message real torch_xla 2.9 gives (each checked on PJRT CPU); others keep torch's message.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+
+aten = torch.ops.aten
+
+_XLA_TYPES = {
+    torch.float32: "f32", torch.float64: "f64", torch.float16: "f16", torch.bfloat16: "bf16",
+    torch.int64: "s64", torch.int32: "s32", torch.int16: "s16", torch.int8: "s8",
+    torch.uint8: "u8", torch.bool: "pred", torch.complex64: "c64", torch.complex128: "c128",
+}
+
+_BROADCAST = re.compile(
+    r"The size of tensor a \((\d+)\) must match the size of tensor b \((\d+)\) at "
+    r"non-singleton dimension (\d+)"
+)
+
+
+def xla_shape(t: torch.Tensor) -> str:
+    return f"{_XLA_TYPES.get(t.dtype, str(t.dtype))}[{','.join(map(str, t.shape))}]"
+
+
+def _broadcast(tensors: list[torch.Tensor], message: str) -> str | None:
+    m = _BROADCAST.search(message)
+    if m is None or len(tensors) < 2:
+        return None
+    a, b = tensors[0], tensors[1]
+    out_rank = max(a.dim(), b.dim())
+    dim = int(m.group(3))
+    da, db = dim - (out_rank - a.dim()), dim - (out_rank - b.dim())
+    sa, sb = xla_shape(a), xla_shape(b)
+    return (
+        f"Shapes are not compatible for broadcasting: {sa} vs. {sb}. Expected dimension {da} "
+        f"of shape {sa} ({m.group(1)}) to match dimension {db} of shape {sb} ({m.group(2)}). "
+        "Either that or that any of them is either 1 or unbounded. Try reshaping one of the "
+        "tensors to match the other."
+    )
+
+
+def _mm(tensors: list[torch.Tensor], message: str) -> str | None:
+    a, b = tensors[0], tensors[1]
+    if a.dim() != 2 or b.dim() != 2 or a.shape[1] == b.shape[0]:
+        return None
+    return (
+        f"mm(): cannot matrix-multiply tensors {xla_shape(a)} and {xla_shape(b)}. Expected the "
+        f"size of dimension 1 of the first input tensor ({a.shape[1]}) to be equal the size of "
+        f"dimension 0 of the second input tensor ({b.shape[0]})."
+    )
+
+
+def _mv(tensors: list[torch.Tensor], message: str) -> str | None:
+    a, b = tensors[0], tensors[1]
+    return (
+        f"Cannot infer shape for dot operation: {xla_shape(a)} <dot> {xla_shape(b)}. "
+        "Contracting dimension sizes are not compatible."
+    )
+
+
+def _bmm(tensors: list[torch.Tensor], message: str) -> str | None:
+    a, b = tensors[0], tensors[1]
+    if a.dim() != 3 or b.dim() != 3:
+        return None
+    for dim, expected in ((0, a.shape[0]), (1, a.shape[2])):
+        if b.shape[dim] != expected:
+            return (
+                f"Check failed: t->size(dim) == expected_size ({b.shape[dim]} vs. {expected})"
+                f"Expected tensor to have size {expected} at dimension {dim}, but got size "
+                f"{b.shape[dim]} for argument #2 'batch2' (while checking arguments for bmm)"
+            )
+    return None
+
+
+def _cat(tensors: list[torch.Tensor], message: str, dim: int = 0) -> str | None:
+    first = tensors[0]
+    dim = dim % max(first.dim(), 1)
+    for other in tensors[1:]:
+        if other.dim() != first.dim() or any(
+            x != y for i, (x, y) in enumerate(zip(first.shape, other.shape)) if i != dim
+        ):
+            return (
+                f"cat(): cannot concatenate tensors of shape {xla_shape(first)} with "
+                f"{xla_shape(other)} at dimension {dim}. Expected shapes to be equal (except "
+                f"at dimension {dim}) or that either of them was a 1D empty tensor of size (0,)."
+            )
+    return None
+
+
+_BY_OP = {
+    aten.mm.default: _mm,
+    aten.mv.default: _mv,
+    aten.bmm.default: _bmm,
+}
+
+
+def translate(func: Any, args: tuple[Any, ...], error: RuntimeError) -> str | None:
+    """XLA's message for ``error`` raised by ``func`` on ``args`` (CPU tensors), or None."""
+    message = str(error)
+    if func is aten.cat.default:
+        dim = args[1] if len(args) > 1 else 0
+        return _cat(list(args[0]), message, dim)
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    handler = _BY_OP.get(func)
+    if handler is not None and len(tensors) >= 2:
+        return handler(tensors, message)
+    return _broadcast(tensors, message)
