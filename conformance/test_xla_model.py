@@ -114,7 +114,9 @@ def test_wait_device_ops_and_step_closures(xla_target):
     torch_xla.sync()
     assert len(seen) == 2  # each closure runs once
     assert xm.wait_device_ops() is None
-    assert xm.wait_device_ops(devices=[str(dev)]) is None
+    # devices are named as the runtime names them ('CPU:0', 'TPU:0'), not 'xla:0'
+    assert xm.wait_device_ops(devices=torch_xla.real_devices()) is None
+    assert xm.wait_device_ops(devices=[f"{xla_target.device_type}:0"]) is None
 
 
 def test_optimizer_step(xla_target):
