@@ -25,8 +25,8 @@ The device is picked TPU -> GPU -> CPU (:func:`detect_device`).  On XLA:
 * the data loader becomes a ``MpDeviceLoader``; under SPMD with input sharding along the
   mesh's first (data) axis, taken from the backend's mesh inside a Ray Train worker
   (``tpu_backend.get_xla_mesh()``), else the global mesh or a 1-D mesh over all devices.
-  With several SPMD processes each loads its own part (``DistributedSampler`` by process
-  index) and torch_xla stitches the global batch (``minibatch=True``).
+  With several SPMD hosts every host iterates the same global batch and torch_xla
+  transfers only the shards its devices hold (``trainer.num_data_loaders`` is 1).
 
 Elsewhere the model is wrapped in ``DistributedDataParallel`` and the loader given a
 ``DistributedSampler`` when ``torch.distributed`` is initialized with several ranks (Ray
@@ -76,8 +76,12 @@ class DeviceInfo:
     """The SPMD mesh batches are sharded over (None without SPMD)."""
     in_ray_train: bool = False
     num_processes: int = 1
-    """Processes that each load a part of every global batch (data-loading ranks)."""
+    """Processes of this job (SPMD: hosts; otherwise ranks)."""
     process_index: int = 0
+    num_data_loaders: int = 1
+    """Processes that load distinct parts of each global batch: the ranks of CPU/GPU and
+    multi-process XLA runs; 1 under SPMD, where every host iterates the same global batch
+    and torch_xla transfers each host's addressable shards of it."""
 
 
 def _has_tpu_chips() -> bool:
@@ -167,9 +171,10 @@ def detect_device() -> DeviceInfo:
 
         spmd = xr.is_spmd()
         if spmd:
-            count, index = xr.process_count(), xr.process_index()
+            count, index, loaders = xr.process_count(), xr.process_index(), 1
         else:
             count, index = xr.world_size(), xr.global_ordinal()
+            loaders = count
         return DeviceInfo(
             kind="xla",
             device=torch_xla.device(),
@@ -178,6 +183,7 @@ def detect_device() -> DeviceInfo:
             in_ray_train=in_ray,
             num_processes=count,
             process_index=index,
+            num_data_loaders=loaders,
         )
     import torch.distributed as dist
 
@@ -198,6 +204,7 @@ def detect_device() -> DeviceInfo:
         in_ray_train=in_ray,
         num_processes=count,
         process_index=index,
+        num_data_loaders=count,
     )
 
 
@@ -386,8 +393,14 @@ class SeamlessTPUTrainer:
 
     @property
     def num_processes(self) -> int:
-        """Processes that each load part of a global batch (divide the global batch by it)."""
+        """Processes of this job (SPMD: hosts; otherwise ranks)."""
         return self.info.num_processes
+
+    @property
+    def num_data_loaders(self) -> int:
+        """Processes loading distinct parts of each global batch; per-process batch size =
+        global batch size // num_data_loaders (1 under SPMD: each host loads it all)."""
+        return self.info.num_data_loaders
 
     @property
     def process_index(self) -> int:
@@ -486,20 +499,20 @@ class SeamlessTPUTrainer:
 
         kwargs: dict[str, Any] = {}
         if self.spmd and self.mesh is not None:
-            kwargs["input_sharding"] = _BatchSharding(self.mesh, minibatch=self.num_processes > 1)
+            kwargs["input_sharding"] = _BatchSharding(self.mesh, minibatch=False)
         return pl.MpDeviceLoader(loader, self.device, **kwargs)
 
     def _distribute(self, loader: Any) -> Any:
         """Give a plain DataLoader a DistributedSampler when several processes load data."""
         from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 
-        if self.num_processes <= 1 or not isinstance(loader, DataLoader):
+        if self.num_data_loaders <= 1 or not isinstance(loader, DataLoader):
             return loader
         if isinstance(loader.sampler, DistributedSampler) or loader.batch_sampler is None:
             return loader
         sampler = DistributedSampler(
             loader.dataset,
-            num_replicas=self.num_processes,
+            num_replicas=self.num_data_loaders,
             rank=self.process_index,
             shuffle=isinstance(loader.sampler, RandomSampler),
             drop_last=loader.drop_last,
