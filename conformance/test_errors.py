@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import socket
 
 import pytest
 import torch
@@ -37,11 +38,21 @@ def test_python_api_errors(xla_target):
         t.item()
 
 
-def test_spmd_mode_errors(xla_target):
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def test_spmd_mode_errors(xla_target, monkeypatch):
     import torch.distributed as dist
     import torch_xla
     import torch_xla.runtime as xr
 
+    # the xla:// handler opens its TCPStore before the backend refuses SPMD; keep it off the
+    # default port 12355, which other processes on a shared machine may hold
+    monkeypatch.setenv("MASTER_ADDR", "localhost")
+    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
     xr.use_spmd()
     with pytest.raises(NotImplementedError, match=r"^launch function does not support SPMD at "
                        r"this time$"):
