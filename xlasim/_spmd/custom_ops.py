@@ -3,6 +3,9 @@
 The simulated ``torch_xla`` modules are re-imported for every simulation, but a torch
 library op can be defined only once per process, so the definitions live here (in a module
 imported once) and the simulated ``xla_sharding`` refers to them.  Bodies are torch_xla's.
+
+PYTEST_DONT_REWRITE: the asserts here are torch_xla's API (their messages are compared
+with the real ones), so pytest must not rewrite them.
 """
 
 from __future__ import annotations

@@ -7,6 +7,9 @@ so that ``HybridMesh`` orders devices exactly as the real one does.  ``physical_
 the device attributes as an argument instead of reading ``self``.
 
 Copyright: the JAX authors (Apache-2.0) and the PyTorch/XLA authors (BSD-3-Clause).
+
+PYTEST_DONT_REWRITE: the asserts here are torch_xla's API (their messages are compared
+with the real ones), so pytest must not rewrite them.
 """
 
 # ruff: noqa: E501, SIM108, B007, B905, UP006, E711

@@ -6,6 +6,9 @@ runtime dependency -- ``xr.global_runtime_device_count()`` -- passed in as ``num
 The simulated ``torch_xla.distributed.spmd.Mesh`` subclasses :class:`Mesh` and supplies it.
 
 Copyright: the PyTorch/XLA authors (BSD-3-Clause); adapted for the simulator.
+
+PYTEST_DONT_REWRITE: the asserts here are torch_xla's API (their messages are compared
+with the real ones), so pytest must not rewrite them.
 """
 
 # The numpy/assert idioms are torch_xla's; keeping them is the point of this module.

@@ -1,4 +1,8 @@
-"""``torch_xla.distributed.spmd.api`` on the simulator: DTensor-style entry points (2.9)."""
+"""``torch_xla.distributed.spmd.api`` on the simulator: DTensor-style entry points (2.9).
+
+PYTEST_DONT_REWRITE: the asserts here are torch_xla's API (their messages are compared
+with the real ones), so pytest must not rewrite them.
+"""
 
 from __future__ import annotations
 

@@ -2,6 +2,9 @@
 
 ``visualize_sharding`` is torch_xla 2.9's function; devices are labelled with
 ``PJRT_DEVICE`` as on the real runtime ('TPU 0', ...).
+
+PYTEST_DONT_REWRITE: the asserts here are torch_xla's API (their messages are compared
+with the real ones), so pytest must not rewrite them.
 """
 
 # The parsing below is torch_xla's, kept as is (including its bare excepts and mixed types).

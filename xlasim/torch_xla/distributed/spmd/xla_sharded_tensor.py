@@ -2,6 +2,9 @@
 
 Same classes, fields and behaviour as the real module; the shard data comes from the
 simulator's SPMD layer (``xlasim._spmd.xlac``) instead of PJRT buffers.
+
+PYTEST_DONT_REWRITE: the asserts here are torch_xla's API (their messages are compared
+with the real ones), so pytest must not rewrite them.
 """
 
 from __future__ import annotations

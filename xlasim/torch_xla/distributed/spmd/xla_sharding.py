@@ -3,6 +3,9 @@
 The functions and classes of the real module, with the same argument checks, messages and
 order.  The mesh arithmetic is ``xlasim._spmd.mesh`` (torch_xla's own code), the C++
 bindings are ``xlasim._spmd.xlac``; JAX/torchax interop raises NotImplementedError.
+
+PYTEST_DONT_REWRITE: the asserts here are torch_xla's API (their messages are compared
+with the real ones), so pytest must not rewrite them.
 """
 
 from __future__ import annotations
