@@ -10,7 +10,6 @@ kernels for the XLA key are registered from Python while a simulation is active,
 
 from __future__ import annotations
 
-import os
 import re
 import threading
 import zlib
@@ -59,16 +58,12 @@ def ensure_device_guard() -> None:
             return
         from torch.utils import cpp_extension
 
-        build_dir = os.environ.get("XLASIM_EXTENSIONS_DIR")
-        if build_dir:
-            build_dir = os.path.join(build_dir, _extension_name())
-            os.makedirs(build_dir, exist_ok=True)
+        # Built under torch's extension cache (TORCH_EXTENSIONS_DIR to move it).
         try:
             cpp_extension.load_inline(
                 name=_extension_name(),
                 cpp_sources=[_GUARD_SOURCE],
                 is_python_module=False,
-                build_directory=build_dir,
                 verbose=False,
             )
         except (RuntimeError, OSError) as exc:  # compiler or ninja missing
