@@ -136,6 +136,7 @@ def run(
 
     import tpu_backend
     from tpu_backend.topology import parse_slice
+    from xlasim.ray_cluster import fit_with_deadline
 
     spec = parse_slice(topology, accelerator)
     with tempfile.TemporaryDirectory(prefix="xlasim-demo-") as tmp:
@@ -156,24 +157,8 @@ def run(
                 storage_path=storage_path or os.path.join(tmp, "ray_results"),
             ),
         )
-        result = _fit_with_deadline(trainer, fit_timeout_s)
+        result = fit_with_deadline(trainer, fit_timeout_s)
         return result, read_records(out)
-
-
-def _fit_with_deadline(trainer: Any, timeout_s: float) -> Any:
-    """``trainer.fit()`` with a wall-clock bound: Ray waits for resources forever."""
-    import concurrent.futures
-
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
-    future = pool.submit(trainer.fit)
-    try:
-        return future.result(timeout=timeout_s)
-    except concurrent.futures.TimeoutError:
-        raise TimeoutError(
-            f"TorchTrainer.fit() did not finish within {timeout_s:g}s"
-        ) from None
-    finally:
-        pool.shutdown(wait=False)
 
 
 def _print_report(spec: Any, records: list[dict[str, Any]], elapsed: float) -> bool:

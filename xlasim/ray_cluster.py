@@ -40,6 +40,9 @@ __all__ = [
     "tpu_ray_cluster_fixture",
     "DEFAULT_OBJECT_STORE_BYTES",
     "SIMULATION_RUNTIME_ENV",
+    "fit_with_deadline",
+    "release_placement_groups",
+    "error_chain_text",
 ]
 
 DEFAULT_OBJECT_STORE_BYTES = 80 * 1024 * 1024
@@ -158,6 +161,7 @@ def simulated_tpu_cluster(
     num_cpus_per_host: float = 1,
     head_num_cpus: float = 0,
     separate_head: bool = False,
+    include_dashboard: bool = False,
     object_store_memory: int = DEFAULT_OBJECT_STORE_BYTES,
     startup_timeout_s: float = 90.0,
     extra_env: Mapping[str, str] | None = None,
@@ -170,6 +174,11 @@ def simulated_tpu_cluster(
     usually have.  ``head_num_cpus`` extra CPUs go to the head (for test actors).  Raises
     ``TimeoutError`` when the nodes do not register within ``startup_timeout_s``; always
     shuts the cluster down on exit.
+
+    No dashboard by default (it needs ``ray[default]`` and a core's worth of start-up).
+    Without it Ray Train's ``PlacementGroupCleaner`` cannot ask the state API whether a
+    run's controller is gone, so the placement group of a run that failed during worker
+    setup is never released; :func:`fit_with_deadline` releases it instead.
     """
     import ray
     from ray.cluster_utils import Cluster
@@ -193,7 +202,7 @@ def simulated_tpu_cluster(
                 num_cpus=head_num_cpus,
                 resources={},
                 object_store_memory=object_store_memory,
-                include_dashboard=False,
+                include_dashboard=include_dashboard,
             )
         for i, (name, host) in enumerate(hosts):
             args = host_node_args(
@@ -203,7 +212,7 @@ def simulated_tpu_cluster(
             if cluster.head_node is None:
                 # As in Ray's own fake-TPU tests, worker 0 of the first slice is the head.
                 args["num_cpus"] += head_num_cpus
-                args["include_dashboard"] = False
+                args["include_dashboard"] = include_dashboard
             # One node at a time: each raylet waits at most 30 s (hard-coded in Ray) to
             # register, and starting several at once on a 2-core machine can exceed it.
             cluster.add_node(object_store_memory=object_store_memory, **args)
@@ -267,3 +276,67 @@ def tpu_ray_cluster_fixture(request: Any) -> Iterator[SimulatedTPUCluster]:
                 kwargs["accelerator"] = marker.args[1]
     with simulated_tpu_cluster(**kwargs) as handle:
         yield handle
+
+
+def release_placement_groups() -> int:
+    """Remove every placement group still held on the connected cluster; returns how many.
+
+    Stands in for Ray Train's ``PlacementGroupCleaner``, which needs the dashboard's state
+    API: call it only between runs (it frees the TPUs a failed run still holds).
+    """
+    import ray
+    from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+    removed = 0
+    for pg_id, info in (ray.util.placement_group_table() or {}).items():
+        if info.get("state") in ("CREATED", "PENDING", "RESCHEDULING"):
+            remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(pg_id))))
+            removed += 1
+    return removed
+
+
+def fit_with_deadline(
+    trainer: Any, timeout_s: float, *, release_after: bool = True
+) -> Any:
+    """``trainer.fit()`` bounded in wall time: Ray waits for missing resources forever.
+
+    Raises ``TimeoutError`` after ``timeout_s``.  With ``release_after`` (for clusters
+    that run one training at a time, like :func:`simulated_tpu_cluster`'s), placement
+    groups left behind by the run are released when it ends, however it ends.
+    """
+    import concurrent.futures
+
+    import ray
+
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="fit")
+    future = pool.submit(trainer.fit)
+    try:
+        return future.result(timeout=timeout_s)
+    except concurrent.futures.TimeoutError:
+        raise TimeoutError(f"TorchTrainer.fit() did not finish within {timeout_s:g}s") from None
+    finally:
+        pool.shutdown(wait=False)
+        if release_after and ray.is_initialized() and future.done():
+            with contextlib.suppress(Exception):
+                release_placement_groups()
+
+
+def error_chain_text(exc: BaseException) -> str:
+    """Messages of ``exc`` and of every exception it wraps (Ray nests the worker's error
+    inside its own), one per line, for asserting on the root cause."""
+    parts: list[str] = []
+    seen: set[int] = set()
+    stack: list[Any] = [exc]
+    while stack:
+        e = stack.pop()
+        if not isinstance(e, BaseException) or id(e) in seen:
+            continue
+        seen.add(id(e))
+        parts.append(f"{type(e).__name__}: {e}")
+        stack.extend([e.__cause__, e.__context__, getattr(e, "cause", None)])
+        stack.extend(getattr(e, "exceptions", None) or [])
+        for attr in ("worker_failures", "errors"):
+            errs = getattr(e, attr, None)
+            if isinstance(errs, dict):
+                stack.extend(errs.values())
+    return "\n".join(parts)

@@ -1,0 +1,107 @@
+"""The backend on a simulated single-host v6e 2x4 slice, and the errors that need workers.
+
+One fake-TPU Ray cluster (one node = the host, 8 chips) is shared by the tests of this
+module; every fit is bounded in time and the cluster is torn down at the end.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("ray.train")
+
+import ray  # noqa: E402
+from ray.train import RunConfig, ScalingConfig  # noqa: E402
+
+import tpu_backend  # noqa: E402
+from xlasim import demo  # noqa: E402
+from xlasim.ray_cluster import (  # noqa: E402
+    error_chain_text,
+    fit_with_deadline,
+    simulated_tpu_cluster,
+)
+
+FIT_TIMEOUT_S = 300
+pytestmark = pytest.mark.timeout(900)
+
+
+@pytest.fixture(scope="module")
+def v6e_8_cluster():
+    with simulated_tpu_cluster("2x4", "v6e", startup_timeout_s=120) as cluster:
+        yield cluster
+    assert not ray.is_initialized()
+
+
+def _trainer(tmp_path, *, torch_config=None, scaling=None, run_env=None, steps=3):
+    out = tmp_path / "records"
+    out.mkdir(exist_ok=True)
+    return tpu_backend.TorchTrainer(
+        demo.train_loop,
+        train_loop_config={"steps": steps, "batch": 32, "out_dir": str(out)},
+        torch_config=torch_config,
+        scaling_config=scaling
+        or ScalingConfig(use_tpu=True, topology="2x4", accelerator_type="TPU-V6E", num_workers=1),
+        run_config=RunConfig(
+            storage_path=str(tmp_path / "ray_results"),
+            worker_runtime_env={"env_vars": run_env} if run_env else None,
+        ),
+    ), out
+
+
+def test_fake_host_looks_like_a_tpu_vm(v6e_8_cluster):
+    nodes = v6e_8_cluster.node_summary()
+    tpu = [n for n in nodes if n["resources"].get("TPU")]
+    assert len(tpu) == 1
+    assert tpu[0]["resources"]["TPU"] == 8
+    assert tpu[0]["resources"]["accelerator_type:TPU-V6E"] == 1
+    assert tpu[0]["labels"]["ray.io/tpu-pod-type"] == "v6e-8"
+    # single-host slices have no head resource: Ray does not gang-schedule them
+    assert not any(k.endswith("-head") for k in tpu[0]["resources"])
+
+
+def test_single_host_mesh_is_1d_over_all_devices(v6e_8_cluster, tmp_path):
+    trainer, out = _trainer(tmp_path)
+    fit_with_deadline(trainer, FIT_TIMEOUT_S)
+    (rec,) = demo.read_records(out)
+    assert rec["mesh_shape"] == [8] and rec["axis_names"] == ["data"]
+    assert rec["global_devices"] == 8 and rec["addressable_devices"] == 8
+    assert (rec["process_index"], rec["process_count"]) == (0, 1)
+    assert rec["device_type"] == "TPU" and rec["spmd"] is True
+    assert rec["process_group"] == "gloo"
+    assert rec["is_xla_backend"] is True
+    losses = rec["losses"]
+    assert all(b < a for a, b in zip(losses, losses[1:], strict=False)), losses
+    # one compiled graph per step shape: compiled once, reused afterwards
+    assert rec["uncached_compile"] >= 1
+    assert rec["cached_compile"] >= len(losses) - rec["uncached_compile"]
+
+
+def test_mesh_override_reaches_the_worker(v6e_8_cluster, tmp_path):
+    cfg = tpu_backend.TPUTorchConfig(mesh_shape=(2, 4), axis_names=("data", "model"))
+    trainer, out = _trainer(tmp_path, torch_config=cfg, steps=2)
+    fit_with_deadline(trainer, FIT_TIMEOUT_S)
+    (rec,) = demo.read_records(out)
+    assert rec["mesh_shape"] == [2, 4] and rec["axis_names"] == ["data", "model"]
+
+
+def test_config_for_a_different_host_fails_fast(v6e_8_cluster, tmp_path):
+    # The config says v6e 2x2 (4 chips) but the worker lands on this v6e-8 host.
+    cfg = tpu_backend.TPUTorchConfig(topology="2x2", accelerator="v6e")
+    scaling = ScalingConfig(use_tpu=True, num_workers=1, resources_per_worker={"TPU": 4},
+                            accelerator_type="TPU-V6E")
+    trainer, _ = _trainer(tmp_path, torch_config=cfg, scaling=scaling)
+    with pytest.raises(Exception) as info:  # noqa: B017 - Ray's wrapper type varies
+        fit_with_deadline(trainer, FIT_TIMEOUT_S)
+    text = error_chain_text(info.value)
+    assert "this host is a v6e-8 (TPU_ACCELERATOR_TYPE)" in text, text
+    assert "configured for v6e-4" in text, text
+
+
+def test_missing_torch_xla_on_a_tpu_host_is_a_clear_error(v6e_8_cluster, tmp_path):
+    # Workers started without the simulator are TPU hosts without torch_xla.
+    trainer, _ = _trainer(tmp_path, run_env={"XLASIM_TOPOLOGY": ""})
+    with pytest.raises(Exception) as info:  # noqa: B017
+        fit_with_deadline(trainer, FIT_TIMEOUT_S)
+    text = error_chain_text(info.value)
+    assert "torch_xla is not importable on this worker" in text, text
+    assert "pip install 'torch_xla[tpu]==2.9.0'" in text, text

@@ -1,0 +1,122 @@
+"""The backend on real torch_xla 2.9 (PJRT CPU, 4 devices), one Ray Train worker.
+
+Runs only where real torch_xla is installed (the ``xla-cpu`` env).  The training loop is
+the same :func:`xlasim.demo.train_loop` the simulated-slice tests run, so the mesh, the
+loss curve shape and the compile counts seen here are what the simulator must reproduce.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+import pytest
+
+pytest.importorskip("ray.train")
+
+
+def _real_torch_xla() -> bool:
+    spec = importlib.util.find_spec("torch_xla")
+    return spec is not None and "xlasim" not in (spec.origin or "")
+
+
+pytestmark = [
+    pytest.mark.xla_cpu,
+    pytest.mark.timeout(900),
+    pytest.mark.skipif(not _real_torch_xla(), reason="real torch_xla 2.9 is not installed"),
+]
+
+CPU_DEVICES = 4
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    import ray
+
+    if ray.is_initialized():
+        pytest.skip("ray is already initialized in this process")
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        object_store_memory=80 * 1024 * 1024,
+        runtime_env={
+            "env_vars": {
+                "PJRT_DEVICE": "CPU",
+                "CPU_NUM_DEVICES": str(CPU_DEVICES),
+                # the simulator must stay out of the way: this is the real runtime
+                "XLASIM_TOPOLOGY": "",
+            }
+        },
+    )
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def test_spmd_on_real_torch_xla_cpu(local_ray, tmp_path):
+    from ray.train import RunConfig, ScalingConfig
+
+    import tpu_backend
+    from xlasim import demo
+    from xlasim.ray_cluster import fit_with_deadline
+
+    out = tmp_path / "records"
+    out.mkdir()
+    trainer = tpu_backend.TorchTrainer(
+        demo.train_loop,
+        train_loop_config={"steps": 4, "batch": 32, "out_dir": str(out)},
+        torch_config=tpu_backend.TPUTorchConfig(),
+        scaling_config=ScalingConfig(num_workers=1),
+        run_config=RunConfig(storage_path=str(tmp_path / "ray_results")),
+    )
+    fit_with_deadline(trainer, 600)
+    (rec,) = demo.read_records(out)
+    assert rec["device_type"] == "CPU"
+    assert rec["spmd"] is True
+    assert rec["process_group"] == "gloo"
+    assert rec["global_devices"] == CPU_DEVICES
+    assert rec["mesh_shape"] == [CPU_DEVICES] and rec["axis_names"] == ["data"]
+    assert (rec["process_index"], rec["process_count"]) == (0, 1)
+    losses = rec["losses"]
+    assert all(b < a for a, b in zip(losses, losses[1:], strict=False)), losses
+    assert (rec["uncached_compile"], rec["cached_compile"]) == (1, len(losses) - 1)
+
+
+def _non_spmd_loop(config):
+    import os
+
+    import torch
+    import torch.distributed as dist
+    import torch_xla
+    import torch_xla.runtime as xr
+
+    import tpu_backend
+
+    t = torch.ones(3, device=torch_xla.device())
+    dist.all_reduce(t)
+    torch_xla.sync()
+    with open(os.path.join(config["out_dir"], "non_spmd.txt"), "w") as f:
+        f.write(repr((tpu_backend.get_xla_mesh(), tpu_backend.is_xla_backend(), xr.is_spmd(),
+                      dist.get_backend(), t.cpu().tolist())))
+
+
+def test_xla_process_group_without_spmd(local_ray, tmp_path):
+    import ray.cloudpickle
+    from ray.train import RunConfig, ScalingConfig
+
+    import tpu_backend
+    from xlasim.ray_cluster import fit_with_deadline
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    trainer = tpu_backend.TorchTrainer(
+        _non_spmd_loop,
+        train_loop_config={"out_dir": str(tmp_path)},
+        torch_config=tpu_backend.TPUTorchConfig(spmd=False),
+        scaling_config=ScalingConfig(num_workers=1),
+        run_config=RunConfig(storage_path=str(tmp_path / "ray_results")),
+    )
+    fit_with_deadline(trainer, 600)
+    mesh, is_xla, spmd, backend, values = eval((tmp_path / "non_spmd.txt").read_text())
+    assert (mesh, is_xla, spmd, backend) == (None, True, False, "xla")
+    assert values == [1.0, 1.0, 1.0]
