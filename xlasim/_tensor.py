@@ -42,8 +42,9 @@ class XlaSimTensor(torch.Tensor):
     _sharding: Any
 
     _seq: int
+    _leaf: Any
 
-    __slots__ = ("_elem", "_node", "_sharding", "_seq")
+    __slots__ = ("_elem", "_node", "_sharding", "_seq", "_leaf")
 
     @staticmethod
     def __new__(cls, elem: torch.Tensor, device: torch.device, node: Node | None = None):
@@ -60,6 +61,7 @@ class XlaSimTensor(torch.Tensor):
         r._elem = elem
         r._node = node
         r._sharding = None
+        r._leaf = None
         # torch_xla orders a graph's outputs by tensor creation; so do we.
         r._seq = next(_creation_order)
         return r
@@ -138,6 +140,18 @@ def _arg_key(a: Any) -> Any:
     return a
 
 
+def _leaf_entry(t: XlaSimTensor) -> tuple[Any, tuple[Any, ...], int]:
+    """(sharding it was computed for, leaf key, leaf hash), cached on the tensor."""
+    sharding = t._sharding
+    cached = t._leaf
+    if cached is not None and cached[0] is sharding:
+        return cached
+    key = _leaf_key(t)
+    entry = (sharding, key, hash((key[0], stable_id(key[1]), key[2])))
+    t._leaf = entry
+    return entry
+
+
 class _Call:
     """Unwraps one op's arguments, remembering its xla inputs for the IR node."""
 
@@ -154,16 +168,17 @@ class _Call:
         if type(a) is XlaSimTensor:
             if self.device is None:
                 self.device = a.device
-            self.elems[id(a._elem)] = a
+            elem = a._elem
+            self.elems[id(elem)] = a
             node = a._node
             if node is None:
-                key = _leaf_key(a)
+                _, key, leaf_hash = _leaf_entry(a)
                 self.inputs.append(key)
-                self.hashes.append(hash((key[0], stable_id(key[1]), key[2])))
+                self.hashes.append(leaf_hash)
             else:
                 self.inputs.append(node)
                 self.hashes.append(node.hash)
-            return a._elem
+            return elem
         if type(a) is list or type(a) is tuple:
             if a and isinstance(a[0], torch.Tensor):
                 return type(a)(self.unwrap(x) for x in a)
@@ -181,11 +196,14 @@ def _run(func, args, kwargs):
     call = _Call()
     unwrap = call.unwrap
     cargs = [unwrap(a) for a in args]
+    takes_generator = _RANDOM_OPS.get(func)
+    if takes_generator is None:
+        takes_generator = _RANDOM_OPS[func] = _has_generator_arg(func)
     if kwargs:
         kwargs = {k: unwrap(v) for k, v in kwargs.items()}
-        if func in _RANDOM_OPS and kwargs.get("generator") is None:
+        if takes_generator and kwargs.get("generator") is None:
             kwargs["generator"] = runtime.generator
-    elif func in _RANDOM_OPS:
+    elif takes_generator:
         kwargs = {"generator": runtime.generator}
     try:
         out = func(*cargs, **kwargs)
@@ -194,54 +212,44 @@ def _run(func, args, kwargs):
         if message is None:
             raise
         raise RuntimeError(message) from None
-    graphs = runtime.graphs
     base = hash((stable_id(func), tuple(call.hashes), tuple(call.keys)))
-    frozen_inputs = tuple(call.inputs)
+    inputs = tuple(call.inputs)
     device = call.device or xla_device(runtime.default_device_index)
-    pending = graphs.pending
-    elems = call.elems
-
-    def wrap(o: Any, index: int) -> Any:
-        node = Node(hash((base, index, tuple(o.shape), stable_id(o.dtype))), func, frozen_inputs)
-        existing = elems.get(id(o))
-        if existing is not None:  # in-place / out= ops hand back their input
-            if existing.shape != o.shape or existing.stride() != o.stride():
-                set_wrapper_meta(existing, o)
-            existing._node = node
-            pending.append(weakref.ref(existing))
-            return existing
-        t = XlaSimTensor(o, device, node)
-        pending.append(weakref.ref(t))
-        return t
-
-    if isinstance(out, torch.Tensor):
-        return wrap(out, 0)
+    pending = runtime.graphs.pending
+    if type(out) is torch.Tensor:
+        return _wrap_output(out, 0, func, base, inputs, device, call.elems, pending)
     if isinstance(out, (tuple, list)):
         return type(out)(
-            wrap(o, i) if isinstance(o, torch.Tensor) else o for i, o in enumerate(out)
+            _wrap_output(o, i, func, base, inputs, device, call.elems, pending)
+            if isinstance(o, torch.Tensor)
+            else o
+            for i, o in enumerate(out)
         )
     return out
+
+
+def _wrap_output(o, index, func, base, inputs, device, elems, pending):
+    node = Node(hash((base, index, tuple(o.shape), stable_id(o.dtype))), func, inputs)
+    existing = elems.get(id(o))
+    if existing is not None:  # in-place / out= ops hand back their input
+        if existing.shape != o.shape or existing.stride() != o.stride():
+            set_wrapper_meta(existing, o)
+            existing._leaf = None
+        existing._node = node
+        pending.append(weakref.ref(existing))
+        return existing
+    t = XlaSimTensor(o, device, node)
+    pending.append(weakref.ref(t))
+    return t
 
 
 def _has_generator_arg(op: Any) -> bool:
     return any(a.name == "generator" for a in op._schema.arguments)
 
 
-class _RandomOps:
-    """Ops that take a generator: simulated devices draw from the runtime's own generator,
-    as torch_xla's device RNG is separate from the CPU one (seeded by torch_xla.manual_seed)."""
-
-    def __init__(self) -> None:
-        self._known: dict[Any, bool] = {}
-
-    def __contains__(self, op: Any) -> bool:
-        known = self._known.get(op)
-        if known is None:
-            known = self._known[op] = _has_generator_arg(op)
-        return known
-
-
-_RANDOM_OPS = _RandomOps()
+# op -> whether it takes a generator: simulated devices draw from the runtime's own generator,
+# as torch_xla's device RNG is separate from the CPU one (seeded by torch_xla.manual_seed).
+_RANDOM_OPS: dict[Any, bool] = {}
 
 
 def wrap_data(elem: torch.Tensor, device: torch.device | None) -> XlaSimTensor:
