@@ -55,7 +55,8 @@ def test_spmd_training_on_every_host(topology, accelerator, hosts, devices, mesh
     assert len(first) == 4
     assert all(r["losses"] == first for r in records), [r["losses"] for r in records]
     assert all(b < a for a, b in zip(first, first[1:], strict=False)), first
-    # compiled once per host, then reused
+    # one graph execution per step on every host, compiled at most twice (as on real
+    # torch_xla, see test_backend_xla_cpu.py) and reused afterwards
     for r in records:
-        assert r["uncached_compile"] >= 1
-        assert r["uncached_compile"] + r["cached_compile"] >= 4
+        assert r["uncached_compile"] + r["cached_compile"] == 4
+        assert 1 <= r["uncached_compile"] <= 2

@@ -71,9 +71,9 @@ def test_single_host_mesh_is_1d_over_all_devices(v6e_8_cluster, tmp_path):
     assert rec["is_xla_backend"] is True
     losses = rec["losses"]
     assert all(b < a for a, b in zip(losses, losses[1:], strict=False)), losses
-    # one compiled graph per step shape: compiled once, reused afterwards
-    assert rec["uncached_compile"] >= 1
-    assert rec["cached_compile"] >= len(losses) - rec["uncached_compile"]
+    # one graph execution per step, compiled at most twice, reused afterwards
+    assert rec["uncached_compile"] + rec["cached_compile"] == len(losses)
+    assert 1 <= rec["uncached_compile"] <= 2
 
 
 def test_mesh_override_reaches_the_worker(v6e_8_cluster, tmp_path):

@@ -80,7 +80,10 @@ def test_spmd_on_real_torch_xla_cpu(local_ray, tmp_path):
     assert (rec["process_index"], rec["process_count"]) == (0, 1)
     losses = rec["losses"]
     assert all(b < a for a, b in zip(losses, losses[1:], strict=False)), losses
-    assert (rec["uncached_compile"], rec["cached_compile"]) == (1, len(losses) - 1)
+    # one graph execution per step; torch_xla 2.9 compiles step 0 and step 1 (the
+    # parameters come back from step 0 as SPMD outputs), then reuses the graph
+    assert rec["uncached_compile"] + rec["cached_compile"] == len(losses)
+    assert 1 <= rec["uncached_compile"] <= 2
 
 
 def _non_spmd_loop(config):
