@@ -83,7 +83,9 @@ def test_missing_worker_id_is_fatal_only_on_multi_host():
 
 
 def test_one_process_per_chip_without_spmd():
-    probes = [probe(str(h), tpu_ids=[str(c)], ip=f"10.0.0.{h}") for h in (1, 0) for c in (2, 0, 3, 1)]
+    probes = [
+        probe(str(h), tpu_ids=[str(c)], ip=f"10.0.0.{h}") for h in (1, 0) for c in (2, 0, 3, 1)
+    ]
     got = assign_hosts(probes, V4_16, spmd=False)
     assert [(a.host_index, a.local_rank, a.process_index) for a in got[:4]] == [
         (1, 2, 6), (1, 0, 4), (1, 3, 7), (1, 1, 5)

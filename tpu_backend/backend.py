@@ -14,7 +14,7 @@ from typing import Any
 
 import ray
 from ray.train._internal.utils import get_address_and_port
-from ray.train.backend import Backend
+from ray.train.backend import Backend, BackendConfig
 
 from tpu_backend.bootstrap import (
     BootstrapError,
@@ -73,7 +73,11 @@ class TPUXLABackend(Backend):
 
     share_cuda_visible_devices: bool = False
 
-    def on_start(self, worker_group: Any, backend_config: TPUTorchConfig) -> None:
+    def on_start(self, worker_group: Any, backend_config: BackendConfig) -> None:
+        if not isinstance(backend_config, TPUTorchConfig):
+            raise TypeError(
+                f"TPUXLABackend needs a TPUTorchConfig, got {type(backend_config).__name__}"
+            )
         cfg = backend_config
         n = len(worker_group)
         scaling_config = _scaling_config_of(worker_group)
@@ -107,7 +111,7 @@ class TPUXLABackend(Backend):
         # Host 0 coordinates: torch_xla's process 0, the gloo store, libtpu's worker 0.
         coordinator = next(i for i, a in enumerate(assignments) if a.process_index == 0)
         master_addr, master_port = worker_group.execute_single(coordinator, get_address_and_port)
-        by_host: dict[int, str] = {a.host_index: probes[i].node_ip for i, a in enumerate(assignments)}
+        by_host = {a.host_index: probes[i].node_ip for i, a in enumerate(assignments)}
         hostnames = tuple(by_host[h] for h in sorted(by_host))
         slice_name = next((p.slice_name for p in probes if p.slice_name), None)
 
@@ -160,12 +164,13 @@ class TPUXLABackend(Backend):
             first["axis_names"],
         )
 
-    def on_shutdown(self, worker_group: Any, backend_config: TPUTorchConfig) -> None:
+    def on_shutdown(self, worker_group: Any, backend_config: BackendConfig) -> None:
         n = len(worker_group)
+        timeout_s = float(getattr(backend_config, "shutdown_timeout_s", 60.0))
         try:
             _gather(
                 [worker_group.execute_single_async(i, shutdown_worker) for i in range(n)],
-                backend_config.shutdown_timeout_s,
+                timeout_s,
                 [f"worker rank {i}" for i in range(n)],
                 "worker shutdown",
             )

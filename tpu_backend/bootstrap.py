@@ -113,10 +113,11 @@ def probe_host(query_metadata: bool = False) -> HostProbe:
     import ray
 
     rc = ray.get_runtime_context()
-    labels = rc.get_node_labels() or {}
+    labels: dict[str, Any] = dict(rc.get_node_labels() or {})
     tpu_ids = tuple(str(i) for i in rc.get_accelerator_ids().get("TPU", []))
     worker_id_env = os.environ.get("TPU_WORKER_ID")
-    worker_id_label = labels.get(TPU_WORKER_ID_LABEL)
+    label = labels.get(TPU_WORKER_ID_LABEL)
+    worker_id_label = None if label is None else str(label)
     metadata_id = None
     if query_metadata and worker_id_env is None and worker_id_label is None:
         # GCE TPU VMs carry the worker id only in the metadata server; Ray knows how to ask.
@@ -131,7 +132,8 @@ def probe_host(query_metadata: bool = False) -> HostProbe:
         worker_id_env=worker_id_env,
         worker_id_label=worker_id_label,
         worker_id_metadata=metadata_id,
-        slice_name=labels.get(TPU_SLICE_NAME_LABEL) or os.environ.get("TPU_NAME") or None,
+        slice_name=str(labels.get(TPU_SLICE_NAME_LABEL) or os.environ.get("TPU_NAME") or "")
+        or None,
         node_ip=ray.util.get_node_ip_address(),
         hostname=socket.gethostname(),
         tpu_ids=tpu_ids,

@@ -235,14 +235,14 @@ class TPUTorchConfig(TorchConfig):
         accelerator = self.accelerator
         sc_topology = getattr(scaling_config, "topology", None)
         sc_accel = getattr(scaling_config, "accelerator_type", None)
-        if sc_topology is not None and topology is not None:
-            if parse_slice(sc_topology, accelerator or sc_accel).topology != parse_slice(
-                topology, accelerator or sc_accel
-            ).topology:
-                raise ValueError(
-                    f"TPUTorchConfig topology {topology!r} contradicts ScalingConfig topology "
-                    f"{sc_topology!r}; give the same slice in both or only one"
-                )
+        if sc_topology is not None and topology is not None and (
+            parse_slice(sc_topology, accelerator or sc_accel).topology
+            != parse_slice(topology, accelerator or sc_accel).topology
+        ):
+            raise ValueError(
+                f"TPUTorchConfig topology {topology!r} contradicts ScalingConfig topology "
+                f"{sc_topology!r}; give the same slice in both or only one"
+            )
         topology = topology or sc_topology
         if sc_accel is not None and accelerator is not None:
             try:

@@ -34,13 +34,13 @@ def train_loop(config: dict[str, Any]) -> None:
     on every host and sharded along the mesh's first axis ('data'); parameters are
     replicated.  Every host therefore computes the same loss, and the loss goes down.
     """
+    import ray.train
     import torch
     import torch_xla
     import torch_xla.debug.metrics as met
     import torch_xla.distributed.spmd as xs
     import torch_xla.runtime as xr
 
-    import ray.train
     import tpu_backend
 
     steps = int(config.get("steps", 5))
@@ -146,7 +146,7 @@ def run(
             train_loop,
             train_loop_config={"steps": steps, "batch": batch, "out_dir": out},
             torch_config=torch_config,
-            scaling_config=ScalingConfig(
+            scaling_config=ScalingConfig(  # type: ignore[call-arg]  # Train V2's config
                 use_tpu=True,
                 topology=spec.topology,
                 accelerator_type=spec.ray_accelerator_type,
