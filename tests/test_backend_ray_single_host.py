@@ -105,3 +105,23 @@ def test_missing_torch_xla_on_a_tpu_host_is_a_clear_error(v6e_8_cluster, tmp_pat
     text = error_chain_text(info.value)
     assert "torch_xla is not importable on this worker" in text, text
     assert "pip install 'torch_xla[tpu]==2.9.0'" in text, text
+
+
+def test_plain_ray_trainer_with_our_config(v6e_8_cluster, tmp_path):
+    from ray.train.torch import TorchTrainer as RayTorchTrainer
+
+    out = tmp_path / "records"
+    out.mkdir()
+    cfg = tpu_backend.TPUTorchConfig()
+    trainer = RayTorchTrainer(
+        demo.train_loop,
+        train_loop_config={"steps": 2, "batch": 32, "out_dir": str(out)},
+        torch_config=cfg,
+        scaling_config=ScalingConfig(use_tpu=True, topology="2x4", accelerator_type="TPU-V6E",
+                                     num_workers=1),
+        run_config=RunConfig(storage_path=str(tmp_path / "ray_results")),
+    )
+    assert cfg.backend == "gloo"  # Ray did not rewrite it to 'tpu_dist'
+    fit_with_deadline(trainer, FIT_TIMEOUT_S)
+    (rec,) = demo.read_records(out)
+    assert rec["mesh_shape"] == [8] and rec["process_group"] == "gloo"
