@@ -40,9 +40,19 @@ _PROGRAM = textwrap.dedent(
             xr.initialize_cache(cache_dir, readonly=readonly == "ro")
         t = torch.arange(16, dtype=torch.float32)
         xt = t.to(torch_xla.device())
-        s = torch.nn.functional.gelu(xt + xt)
+        if os.environ.get("PCACHE_TEST_STRING_ARGS") == "1":
+            # ops with str and Python float arguments (an SGD step has alpha=-lr)
+            s = torch.div(xt, 3.0, rounding_mode="floor") + torch.nn.functional.gelu(
+                xt, approximate="tanh")
+            s = s.add(xt, alpha=-0.1)
+            expected = torch.div(t, 3.0, rounding_mode="floor") + torch.nn.functional.gelu(
+                t, approximate="tanh")
+            expected = expected.add(t, alpha=-0.1)
+        else:
+            s = torch.nn.functional.gelu(xt + xt)
+            expected = torch.nn.functional.gelu(t + t)
         torch_xla.sync()
-        assert torch.allclose(s.cpu(), torch.nn.functional.gelu(t + t))
+        assert torch.allclose(s.cpu(), expected)
         names = ["PersistentCacheMiss", "PersistentCacheHit", "PersistentCacheDeserializeFailure",
                  "UncachedCompile", "CachedCompile"]
         print("RESULT " + json.dumps({n: met.counter_value(n) for n in names}))
@@ -117,6 +127,32 @@ def test_second_process_reuses_the_first_ones_compile(xla_target, tmp_path):
         assert second["PersistentCacheDeserializeFailure"] == 1
         assert second["UncachedCompile"] == 1
     assert os.listdir(cache) == entries
+
+
+def test_graph_keys_are_the_same_in_every_process(xla_target, tmp_path, request):
+    """A graph with str and float arguments is found by a second process: its key must not
+    depend on the process (Python 3.11 salts str hashes and hashes None and types by
+    address, so they differ from one process to the next)."""
+    if xla_target.name == "sim":
+        request.applymarker(
+            pytest.mark.xfail(
+                strict=True,
+                reason="xlasim._tensor hashes str/float/None graph arguments with hash(), "
+                "which differs per process; fix: stable_id() them in _arg_key and the "
+                "leaf sharding string",
+            )
+        )
+    cache = tmp_path / "cache"
+    env = {"PCACHE_TEST_STRING_ARGS": "1"}
+    first = _run(xla_target, _PROGRAM, str(cache), "rw", env=env)
+    assert first["PersistentCacheMiss"] == 1
+    second = _run(xla_target, _PROGRAM, str(cache), "rw", env=env)
+    assert second["PersistentCacheMiss"] is None
+    found = (second["PersistentCacheHit"] or 0) + (
+        second["PersistentCacheDeserializeFailure"] or 0
+    )
+    assert found == 1, second
+    assert len(os.listdir(cache)) == 1
 
 
 def test_readonly_cache_is_read_but_never_written(xla_target, tmp_path):
