@@ -277,6 +277,8 @@ class GraphCache:
         record.executions += 1
         for t in tensors:
             t._node = None
+        if self._runtime.spmd:
+            _settle_output_shardings(tensors)
         # PJRT counts an SPMD (virtual device) program as a replicated execution.
         if self._runtime.spmd:
             metrics.inc("ExecuteReplicated")
@@ -284,3 +286,18 @@ class GraphCache:
         else:
             metrics.inc("ExecuteComputation")
             metrics.add_sample("ExecuteTime", time.perf_counter_ns() - start)
+
+
+def _settle_output_shardings(tensors: list[Any]) -> None:
+    """Graph outputs of an SPMD program carry the sharding XLA gave them.
+
+    The simulator does not run XLA's sharding propagation: outputs without an annotation come
+    back replicated, which is what real torch_xla reports for values computed from replicated
+    ones (parameters after an optimizer step, losses). Because of it a parameter first used
+    unannotated recompiles once, as on the real runtime.
+    """
+    from xlasim._spmd import OpSharding, TensorSharding
+
+    for t in tensors:
+        if t._sharding is None:
+            t._sharding = TensorSharding(OpSharding.replicated(), t.shape)

@@ -6,6 +6,7 @@ Each function reads or writes the active simulated runtime. Names that are not s
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -109,6 +110,31 @@ def _xla_sync_multi(tensors: list[torch.Tensor], devices: Any = (), wait: bool =
     _tensor.materialize([t for t in tensors if isinstance(t, _tensor.XlaSimTensor)])
 
 
+def _xla_tensors_from_aten(tensors: list[torch.Tensor], devices: list[str],
+                           shardings: list[Any] | None = None) -> list[torch.Tensor]:
+    """Host-to-device transfers, placing each tensor with its input sharding if given."""
+    rt = _rt()
+    out = []
+    for i, (t, device) in enumerate(zip(tensors, devices)):
+        start = time.perf_counter_ns()
+        x = _tensor.wrap_data(t.detach().clone(), torch.device(device))
+        rt.metrics.add_sample("TransferToDeviceTime", time.perf_counter_ns() - start)
+        sharding = shardings[i] if shardings else None
+        if sharding is not None:
+            from xlasim._spmd import xlac
+
+            if tuple(sharding.shape) != tuple(x.shape):
+                # A minibatch: this host holds only its part of the global batch.
+                raise NotImplementedError(
+                    f"xlasim does not simulate minibatch input sharding across "
+                    f"{rt.spec.num_hosts} hosts in one process (global shape "
+                    f"{list(sharding.shape)}, this host's part {list(x.shape)})"
+                )
+            xlac._xla_mark_sharding(x, sharding.op)
+        out.append(x)
+    return out
+
+
 def _xla_wait_device_ops(devices: Any = ()) -> None:
     """Simulated execution is synchronous: nothing is ever in flight."""
 
@@ -151,12 +177,6 @@ def _get_executed_fallback_ops() -> list[str]:
 
 
 # -- sharding --------------------------------------------------------------------------
-def _get_xla_sharding_spec(tensor: torch.Tensor) -> str:
-    from xlasim import _spmd
-
-    return _spmd.sharding_spec_string(tensor)
-
-
 def _xla_set_rng_seed(seed: int, device: str = "") -> None:
     rt = _rt()
     rt.rng_seed = int(seed)
@@ -168,4 +188,9 @@ def _xla_get_rng_seed(device: str = "") -> int:
 
 
 def __getattr__(name: str) -> Any:
+    # The SPMD functions live with the SPMD logic; its __all__ lists what _XLAC exposes.
+    from xlasim._spmd import xlac
+
+    if name in xlac.__all__:
+        return getattr(xlac, name)
     raise AttributeError(f"xlasim does not simulate torch_xla._XLAC.{name}")

@@ -312,14 +312,32 @@ def broadcast_master_param(model: torch.nn.Module) -> None:
 
 
 def send_cpu_data_to_device(datas: Any, device: Any, input_sharding: Any = None) -> Any:
-    def to_device(value: Any) -> Any:
-        if isinstance(value, torch.Tensor) and value.device.type != "xla":
-            moved = value.to(device)
-            if input_sharding is not None:
-                from xlasim import _spmd
+    """Moves every CPU tensor in ``datas`` to ``device`` in one transfer, as torch_xla does
+    (a lone tensor comes back in a list, as it does from torch_xla)."""
 
-                _spmd.apply_input_sharding(moved, input_sharding)
-            return moved
-        return value
+    def convert_fn(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        devices = [str(device)] * len(tensors)
+        shardings = None
+        if input_sharding:
+            shardings = [input_sharding.xla_spec(t) for t in tensors]
+        if input_sharding and input_sharding.minibatch:
+            for tensor, sharding in zip(tensors, shardings):  # type: ignore[arg-type]
+                local_runtime_device_count = torch_xla.runtime.addressable_runtime_device_count()
+                if sharding and tensor.dim() > 0 and (
+                    tensor.size()[0] % local_runtime_device_count
+                ) != 0:
+                    raise RuntimeError(
+                        "When minibatch is configured, the per-host batch size must be divisible "
+                        "by local runtime device count. Per host input data shape "
+                        f"= {tensor.size()}, local_runtime_device_count = "
+                        f"{local_runtime_device_count}"
+                    )
+        return torch_xla._XLAC._xla_tensors_from_aten(tensors, devices, shardings)
 
-    return torch.utils._pytree.tree_map(to_device, datas)
+    if type(datas) is torch.Tensor:
+        datas = [datas]
+    leaves, spec = torch.utils._pytree.tree_flatten(datas)
+    picked = [i for i, v in enumerate(leaves) if type(v) is torch.Tensor and v.device.type == "cpu"]
+    for i, moved in zip(picked, convert_fn([leaves[i] for i in picked])):
+        leaves[i] = moved
+    return torch.utils._pytree.tree_unflatten(leaves, spec)
