@@ -29,8 +29,10 @@ TINY_OPS = 2000
 def _mlp() -> torch.nn.Module:
     torch.manual_seed(0)
     return torch.nn.Sequential(
-        torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU(),
-        torch.nn.Linear(WIDTH, WIDTH), torch.nn.ReLU(),
+        torch.nn.Linear(WIDTH, WIDTH),
+        torch.nn.ReLU(),
+        torch.nn.Linear(WIDTH, WIDTH),
+        torch.nn.ReLU(),
         torch.nn.Linear(WIDTH, 1),
     )
 
@@ -100,18 +102,30 @@ def main() -> None:
     s_step = min(r["step"] for r in sim)
     e_op = min(r["op"] for r in eager)
     s_op = min(r["op"] for r in sim)
-    print(f"MLP {WIDTH}-wide train step: eager {e_step * 1e3:.2f} ms, sim {s_step * 1e3:.2f} ms, "
-          f"ratio sim/eager {s_step / e_step:.2f}x (target <= 1.2x)")
-    print(f"tiny op: eager {e_op * 1e6:.1f} us, sim {s_op * 1e6:.1f} us, "
-          f"sim overhead {(s_op - e_op) * 1e6:.1f} us/op (target <= 30 us)")
+    print(
+        f"MLP {WIDTH}-wide train step: eager {e_step * 1e3:.2f} ms, sim {s_step * 1e3:.2f} ms, "
+        f"ratio sim/eager {s_step / e_step:.2f}x (target <= 1.2x)"
+    )
+    print(
+        f"tiny op: eager {e_op * 1e6:.1f} us, sim {s_op * 1e6:.1f} us, "
+        f"sim overhead {(s_op - e_op) * 1e6:.1f} us/op (target <= 30 us)"
+    )
     if args.real:
         env = dict(os.environ, PJRT_DEVICE="CPU", CPU_NUM_DEVICES="4", OMP_NUM_THREADS="1")
         env.pop("XLASIM_TOPOLOGY", None)
-        out = subprocess.run([args.real, __file__, "--child", "xla"], env=env, check=True,
-                             capture_output=True, text=True, timeout=900).stdout
+        out = subprocess.run(
+            [args.real, __file__, "--child", "xla"],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=900,
+        ).stdout
         real = json.loads(out.strip().splitlines()[-1])
-        print(f"real torch_xla CPU: step {real['step'] * 1e3:.2f} ms "
-              f"(ratio real/eager {real['step'] / e_step:.2f}x), tiny op {real['op'] * 1e6:.1f} us")
+        print(
+            f"real torch_xla CPU: step {real['step'] * 1e3:.2f} ms "
+            f"(ratio real/eager {real['step'] / e_step:.2f}x), tiny op {real['op'] * 1e6:.1f} us"
+        )
 
 
 if __name__ == "__main__":

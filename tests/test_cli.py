@@ -21,15 +21,19 @@ def _xlasim(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("XLASIM_")}
     return subprocess.run(
         [sys.executable, "-m", "xlasim", *args],
-        env=env, capture_output=True, text=True, timeout=300,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
 @installed
 def test_run_reports_the_slice_device_count():
     code = "import torch_xla.runtime as xr; print(xr.global_runtime_device_count())"
-    out = _xlasim("run", "--topology", "2x2x1", "--accelerator", "v4", "--",
-                  sys.executable, "-c", code)
+    out = _xlasim(
+        "run", "--topology", "2x2x1", "--accelerator", "v4", "--", sys.executable, "-c", code
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "4"
 

@@ -15,9 +15,18 @@ import torch
 aten = torch.ops.aten
 
 _XLA_TYPES = {
-    torch.float32: "f32", torch.float64: "f64", torch.float16: "f16", torch.bfloat16: "bf16",
-    torch.int64: "s64", torch.int32: "s32", torch.int16: "s16", torch.int8: "s8",
-    torch.uint8: "u8", torch.bool: "pred", torch.complex64: "c64", torch.complex128: "c128",
+    torch.float32: "f32",
+    torch.float64: "f64",
+    torch.float16: "f16",
+    torch.bfloat16: "bf16",
+    torch.int64: "s64",
+    torch.int32: "s32",
+    torch.int16: "s16",
+    torch.int8: "s8",
+    torch.uint8: "u8",
+    torch.bool: "pred",
+    torch.complex64: "c64",
+    torch.complex128: "c128",
 }
 
 _BROADCAST = re.compile(
@@ -85,7 +94,9 @@ def _cat(tensors: list[torch.Tensor], message: str, dim: int = 0) -> str | None:
     dim = dim % max(first.dim(), 1)
     for other in tensors[1:]:
         if other.dim() != first.dim() or any(
-            x != y for i, (x, y) in enumerate(zip(first.shape, other.shape)) if i != dim
+            x != y
+            for i, (x, y) in enumerate(zip(first.shape, other.shape, strict=True))
+            if i != dim
         ):
             return (
                 f"cat(): cannot concatenate tensors of shape {xla_shape(first)} with "

@@ -148,7 +148,7 @@ def _user_site() -> str:
 
 def _diff(previous: GraphRecord, current: GraphRecord) -> list[str]:
     changes = []
-    for i, (old, new) in enumerate(zip(previous.inputs, current.inputs)):
+    for i, (old, new) in enumerate(zip(previous.inputs, current.inputs, strict=False)):
         if old != new:
             changes.append(f"input {i} changed from {old.describe()} to {new.describe()}")
     if len(previous.inputs) != len(current.inputs):
@@ -219,9 +219,7 @@ class GraphCache:
     def _store(self, record: GraphRecord) -> None:
         if self._capacity is None:
             # Read once, when the cache is created, as torch_xla does.
-            self._capacity = _env_int(
-                "XLA_COMPILATION_CACHE_SIZE", DEFAULT_COMPILATION_CACHE_SIZE
-            )
+            self._capacity = _env_int("XLA_COMPILATION_CACHE_SIZE", DEFAULT_COMPILATION_CACHE_SIZE)
         self.compiled[record.key] = record
         self.compiled.move_to_end(record.key)
         while len(self.compiled) > max(self._capacity, 0):

@@ -60,9 +60,7 @@ class Metrics:
     def metric_names(self) -> list[str]:
         return [n for n, m in self._metrics.items() if m.total]
 
-    def metric_data(
-        self, name: str
-    ) -> tuple[int, float, tuple[tuple[float, float], ...]] | None:
+    def metric_data(self, name: str) -> tuple[int, float, tuple[tuple[float, float], ...]] | None:
         metric = self._metrics.get(name)
         if metric is None or not metric.total:
             return None
@@ -109,7 +107,7 @@ def _format_plain(value: float) -> str:
 def _format_ns(value: float) -> str:
     """Formats nanoseconds the way torch_xla's metrics report does (e.g. ``031ms331.307us``)."""
     ns = int(value)
-    parts = []
+    parts: list[str] = []
     for unit, size in (("s", 10**9), ("ms", 10**6)):
         if ns >= size or parts:
             parts.append(f"{ns // size:02d}{unit}" if not parts else f"{ns // size:03d}{unit}")

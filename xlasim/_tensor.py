@@ -16,7 +16,7 @@ import torch
 
 from xlasim import _errors, _runtime
 from xlasim._device import FactoryKernels, set_wrapper_meta
-from xlasim._graph import InputInfo, Node, stable_id
+from xlasim._graph import Node, stable_id
 
 aten = torch.ops.aten
 
@@ -66,7 +66,7 @@ class XlaSimTensor(torch.Tensor):
         r._seq = next(_creation_order)
         return r
 
-    def __repr__(self, *, tensor_contents: Any = None) -> str:
+    def __repr__(self, *, tensor_contents: Any = None) -> Any:  # type: ignore[override]
         materialize([self])
         text = torch._tensor_str._str(self._elem.detach())
         suffix = f"device='{self.device}'"
@@ -99,10 +99,10 @@ class XlaSimTensor(torch.Tensor):
         # subclass: that is what torch does for real xla tensors, and weights_only loads it.
         return self._reduce_ex_internal(proto)
 
-    __torch_function__ = torch._C._disabled_torch_function_impl
+    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
 
     @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # type: ignore[override]
         handler = _SPECIAL.get(func)
         if handler is not None:
             return handler(func, args, kwargs or {})
@@ -114,7 +114,6 @@ class XlaSimTensor(torch.Tensor):
                 _runtime.current().graphs.pending.append(weakref.ref(out))
             return out
         return _run(func, args, kwargs or {})
-
 
 
 def _leaf_key(t: XlaSimTensor) -> tuple[Any, ...]:
@@ -255,8 +254,10 @@ _RANDOM_OPS: dict[Any, bool] = {}
 def wrap_data(elem: torch.Tensor, device: torch.device | None) -> XlaSimTensor:
     """A device-data tensor (no pending IR), as a host-to-device transfer produces."""
     runtime = _runtime.current()
-    index = device.index if device is not None and device.index is not None else (
-        runtime.default_device_index
+    index = (
+        device.index
+        if device is not None and device.index is not None
+        else (runtime.default_device_index)
     )
     runtime.devices_used = True
     return XlaSimTensor(elem, xla_device(index))
@@ -266,8 +267,9 @@ def wrap_factory(elem: torch.Tensor, device: torch.device | None) -> XlaSimTenso
     """A tensor made on the device by a factory op: pending IR, like torch_xla's constants."""
     t = wrap_data(elem, device)
     runtime = _runtime.current()
-    t._node = Node(hash((stable_id("factory"), tuple(elem.shape), stable_id(elem.dtype))),
-                   "aten::empty", ())
+    t._node = Node(
+        hash((stable_id("factory"), tuple(elem.shape), stable_id(elem.dtype))), "aten::empty", ()
+    )
     runtime.graphs.pending.append(weakref.ref(t))
     return t
 

@@ -105,8 +105,7 @@ def _parser() -> argparse.ArgumentParser:
     describe.add_argument("topology")
     describe.add_argument("--accelerator", default=None)
 
-    sub.add_parser("demo", help="train a small model through the Ray Train backend",
-                   add_help=False)
+    sub.add_parser("demo", help="train a small model through the Ray Train backend", add_help=False)
     return parser
 
 

@@ -97,25 +97,28 @@ def _xla_get_spmd_config_is_locked() -> bool:
     return _rt().devices_used
 
 
-def _xla_step_marker(device: str = "", devices: Any = (), wait: bool = False,
-                     reset_scope: bool = True) -> None:
+def _xla_step_marker(
+    device: str = "", devices: Any = (), wait: bool = False, reset_scope: bool = True
+) -> None:
     rt = _rt()
     graphs = rt.graphs
     graphs.execute(graphs.live_pending(), sync_all=True)
     rt.metrics.inc("MarkStep")
 
 
-def _xla_sync_multi(tensors: list[torch.Tensor], devices: Any = (), wait: bool = True,
-                    sync_xla_data: bool = True) -> None:
+def _xla_sync_multi(
+    tensors: list[torch.Tensor], devices: Any = (), wait: bool = True, sync_xla_data: bool = True
+) -> None:
     _tensor.materialize([t for t in tensors if isinstance(t, _tensor.XlaSimTensor)])
 
 
-def _xla_tensors_from_aten(tensors: list[torch.Tensor], devices: list[str],
-                           shardings: list[Any] | None = None) -> list[torch.Tensor]:
+def _xla_tensors_from_aten(
+    tensors: list[torch.Tensor], devices: list[str], shardings: list[Any] | None = None
+) -> list[torch.Tensor]:
     """Host-to-device transfers, placing each tensor with its input sharding if given."""
     rt = _rt()
-    out = []
-    for i, (t, device) in enumerate(zip(tensors, devices)):
+    out: list[torch.Tensor] = []
+    for i, (t, device) in enumerate(zip(tensors, devices, strict=True)):
         start = time.perf_counter_ns()
         x = _tensor.wrap_data(t.detach().clone(), torch.device(device))
         rt.metrics.add_sample("TransferToDeviceTime", time.perf_counter_ns() - start)

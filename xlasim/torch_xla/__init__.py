@@ -2,8 +2,12 @@
 
 import torch  # noqa: F401 - real torch_xla imports torch first as well
 
-from . import _XLAC  # noqa: F401
-from .version import __version__
+from . import (
+    _XLAC,  # noqa: F401
+    runtime,  # noqa: E402,F401
+)
+from .core import xla_model  # noqa: E402,F401
+from .distributed import xla_backend  # noqa: E402,F401 - registers the `xla` process group
 from .torch_xla import (  # noqa: F401
     compile,
     device,
@@ -15,9 +19,7 @@ from .torch_xla import (  # noqa: F401
     step,
     sync,
 )
-from . import runtime  # noqa: E402,F401
-from .core import xla_model  # noqa: E402,F401
-from .distributed import xla_backend  # noqa: E402,F401 - registers the `xla` process group
+from .version import __version__
 
 __all__ = [
     "__version__",

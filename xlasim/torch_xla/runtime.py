@@ -102,9 +102,7 @@ def use_spmd(auto: bool | None = False) -> None:
             "without setting XLA_USE_SPMD env-var.",
             stacklevel=2,
         )
-    if torch_xla._XLAC._xla_get_spmd_config_is_locked() and not xu.check_env_flag(
-        "XLA_USE_SPMD"
-    ):
+    if torch_xla._XLAC._xla_get_spmd_config_is_locked() and not xu.check_env_flag("XLA_USE_SPMD"):
         warnings.warn(
             "Replicating tensors already initialized on non-virtual XLA device for SPMD "
             "to force SPMD mode. This is one-time overhead to setup, and to minimize such, "

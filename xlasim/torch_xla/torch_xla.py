@@ -7,7 +7,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-
 import torch_xla
 import torch_xla.core.xla_model as xm
 import torch_xla.runtime as xr
@@ -97,5 +96,6 @@ def launch(
         raise NotImplementedError("launch function does not support SPMD at this time")
     import torch_xla.distributed.xla_multiprocessing as xmp
 
-    return xmp.spawn(fn, args=args, nprocs=1 if debug_single_process else None,
-                     start_method=start_method)
+    return xmp.spawn(
+        fn, args=args, nprocs=1 if debug_single_process else None, start_method=start_method
+    )

@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch.distributed as dist
-
 from torch_xla import runtime as xr
 from torch_xla.utils import utils as xu
 
@@ -30,7 +29,10 @@ def pjrt_rendezvous_handler(
         store = _runtime.PROCESS_STATE.get("xla_rendezvous_store")
         if store is None:
             store = _runtime.PROCESS_STATE["xla_rendezvous_store"] = dist.TCPStore(
-                master_ip, master_port, xr.process_count(), is_master=xr.process_index() == 0,
+                master_ip,
+                master_port,
+                xr.process_count(),
+                is_master=xr.process_index() == 0,
                 timeout=timeout,
             )
     # In SPMD, rank and world size come from the process index and count; otherwise from

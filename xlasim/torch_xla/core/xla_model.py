@@ -9,11 +9,10 @@ from collections.abc import Callable
 from typing import Any, TextIO, TypedDict
 
 import torch
-from torch import optim
-from typing_extensions import deprecated
-
 import torch_xla
 import torch_xla.runtime as runtime
+from torch import optim
+from typing_extensions import deprecated
 
 from xlasim import _memory, _tensor
 
@@ -58,8 +57,9 @@ def is_master_ordinal(local: bool = True) -> bool:
     return ordinal == 0
 
 
-def master_print(*args: Any, fd: TextIO = sys.stdout, local: bool = False,
-                 flush: bool = False) -> None:
+def master_print(
+    *args: Any, fd: TextIO = sys.stdout, local: bool = False, flush: bool = False
+) -> None:
     if is_master_ordinal(local=local):
         print(*args, file=fd, flush=flush)
 
@@ -116,17 +116,28 @@ def _multi_replica(name: str) -> NotImplementedError:
     )
 
 
-def all_reduce(reduce_type: str, inputs: torch.Tensor | list[torch.Tensor], scale: float = 1.0,
-               groups: list[list[int]] | None = None, pin_layout: bool = True) -> Any:
+def all_reduce(
+    reduce_type: str,
+    inputs: torch.Tensor | list[torch.Tensor],
+    scale: float = 1.0,
+    groups: list[list[int]] | None = None,
+    pin_layout: bool = True,
+) -> Any:
     if runtime.world_size() == 1:
         # torch_xla returns a clone with the scale NOT applied when there is one replica.
         return inputs.clone() if isinstance(inputs, torch.Tensor) else inputs
     raise _multi_replica("all_reduce")
 
 
-def all_gather(value: torch.Tensor, dim: int = 0, groups: list[list[int]] | None = None,
-               output: torch.Tensor | None = None, pin_layout: bool = True,
-               channel_id: Any = None, use_global_device_ids: Any = None) -> Any:
+def all_gather(
+    value: torch.Tensor,
+    dim: int = 0,
+    groups: list[list[int]] | None = None,
+    output: torch.Tensor | None = None,
+    pin_layout: bool = True,
+    channel_id: Any = None,
+    use_global_device_ids: Any = None,
+) -> Any:
     if runtime.world_size() != 1:
         raise _multi_replica("all_gather")
     if output is not None:
@@ -137,10 +148,18 @@ def all_gather(value: torch.Tensor, dim: int = 0, groups: list[list[int]] | None
     return [v.clone() for v in value]
 
 
-def reduce_scatter(reduce_type: str, input: Any, scale: float, scatter_dim: int,  # noqa: A002
-                   shard_count: int, groups: Any = None, output: Any = None,
-                   pin_layout: bool = True, channel_id: Any = None,
-                   use_global_device_ids: Any = None) -> Any:
+def reduce_scatter(
+    reduce_type: str,
+    input: Any,
+    scale: float,
+    scatter_dim: int,  # noqa: A002
+    shard_count: int,
+    groups: Any = None,
+    output: Any = None,
+    pin_layout: bool = True,
+    channel_id: Any = None,
+    use_global_device_ids: Any = None,
+) -> Any:
     if runtime.world_size() != 1 or shard_count != 1:
         raise _multi_replica("reduce_scatter")
     result = input * scale if isinstance(input, torch.Tensor) else [i * scale for i in input]
@@ -150,21 +169,29 @@ def reduce_scatter(reduce_type: str, input: Any, scale: float, scatter_dim: int,
     return result
 
 
-def all_to_all(value: torch.Tensor, split_dimension: int, concat_dimension: int,
-               split_count: int, groups: Any = None, pin_layout: bool = True) -> torch.Tensor:
+def all_to_all(
+    value: torch.Tensor,
+    split_dimension: int,
+    concat_dimension: int,
+    split_count: int,
+    groups: Any = None,
+    pin_layout: bool = True,
+) -> torch.Tensor:
     if runtime.world_size() != 1 or split_count != 1:
         raise _multi_replica("all_to_all")
     return value.clone()
 
 
-def collective_broadcast(tensors: list[torch.Tensor], root_ordinal: int = 0,
-                         groups: Any = None, pin_layout: bool = True) -> None:
+def collective_broadcast(
+    tensors: list[torch.Tensor], root_ordinal: int = 0, groups: Any = None, pin_layout: bool = True
+) -> None:
     if runtime.world_size() != 1:
         raise _multi_replica("collective_broadcast")
 
 
-def add_step_closure(closure: Callable[..., Any], args: tuple[Any, ...] = (),
-                     run_async: bool = False) -> None:
+def add_step_closure(
+    closure: Callable[..., Any], args: tuple[Any, ...] = (), run_async: bool = False
+) -> None:
     devctx = _get_device_context()
     closures_type = "async_step_closures" if run_async else "step_closures"
     step_closures = getattr(devctx, closures_type, None)
@@ -195,17 +222,27 @@ def wait_device_ops(devices: list[str] = []) -> None:  # noqa: B006 - the real s
     torch_xla._XLAC._xla_wait_device_ops(devices=devices)
 
 
-def reduce_gradients(optimizer: optim.Optimizer, groups: list[list[int]] | None = None,
-                     pin_layout: bool = True) -> None:
+def reduce_gradients(
+    optimizer: optim.Optimizer, groups: list[list[int]] | None = None, pin_layout: bool = True
+) -> None:
     count = runtime.world_size()
     if count > 1:
-        all_reduce(REDUCE_SUM, _fetch_gradients(optimizer), scale=1.0 / count, groups=groups,
-                   pin_layout=pin_layout)
+        all_reduce(
+            REDUCE_SUM,
+            _fetch_gradients(optimizer),
+            scale=1.0 / count,
+            groups=groups,
+            pin_layout=pin_layout,
+        )
 
 
-def optimizer_step(optimizer: optim.Optimizer, barrier: bool = False,
-                   optimizer_args: dict[str, Any] = {},  # noqa: B006 - the real signature
-                   groups: list[list[int]] | None = None, pin_layout: bool = True) -> Any:
+def optimizer_step(
+    optimizer: optim.Optimizer,
+    barrier: bool = False,
+    optimizer_args: dict[str, Any] = {},  # noqa: B006 - the real signature
+    groups: list[list[int]] | None = None,
+    pin_layout: bool = True,
+) -> Any:
     reduce_gradients(optimizer, groups=groups, pin_layout=pin_layout)
     loss = optimizer.step(**optimizer_args)
     if barrier:
@@ -232,16 +269,18 @@ def _maybe_convert_to_cpu(data: Any, convert: bool = True) -> Any:
     return convert_one(data)
 
 
-def save(data: Any, file_or_path: Any, master_only: bool = True,
-         global_master: bool = False) -> None:
+def save(
+    data: Any, file_or_path: Any, master_only: bool = True, global_master: bool = False
+) -> None:
     should_write_data = not master_only or is_master_ordinal(local=not global_master)
     cpu_data = _maybe_convert_to_cpu(data, convert=should_write_data)
     if should_write_data:
         torch.save(cpu_data, file_or_path)
 
 
-def xla_rendezvous(payload: bytes = b"", ordinals: list[int] | None = None,
-                   tag: str | None = None) -> list[bytes]:
+def xla_rendezvous(
+    payload: bytes = b"", ordinals: list[int] | None = None, tag: str | None = None
+) -> list[bytes]:
     if ordinals and len(ordinals) != runtime.global_device_count():
         raise ValueError("Only global rendezvous is supported")
     if not isinstance(payload, bytes):
@@ -252,8 +291,7 @@ def xla_rendezvous(payload: bytes = b"", ordinals: list[int] | None = None,
     return [payload]
 
 
-def rendezvous(tag: str, payload: bytes = b"",
-               replicas: list[int] = []) -> list[bytes]:  # noqa: B006 - the real signature
+def rendezvous(tag: str, payload: bytes = b"", replicas: list[int] = []) -> list[bytes]:  # noqa: B006 - the real signature
     return xla_rendezvous(payload, replicas or None, tag=tag)
 
 
@@ -321,11 +359,13 @@ def send_cpu_data_to_device(datas: Any, device: Any, input_sharding: Any = None)
         if input_sharding:
             shardings = [input_sharding.xla_spec(t) for t in tensors]
         if input_sharding and input_sharding.minibatch:
-            for tensor, sharding in zip(tensors, shardings):  # type: ignore[arg-type]
+            for tensor, sharding in zip(tensors, shardings, strict=True):  # type: ignore[arg-type]
                 local_runtime_device_count = torch_xla.runtime.addressable_runtime_device_count()
-                if sharding and tensor.dim() > 0 and (
-                    tensor.size()[0] % local_runtime_device_count
-                ) != 0:
+                if (
+                    sharding
+                    and tensor.dim() > 0
+                    and (tensor.size()[0] % local_runtime_device_count) != 0
+                ):
                     raise RuntimeError(
                         "When minibatch is configured, the per-host batch size must be divisible "
                         "by local runtime device count. Per host input data shape "
@@ -338,6 +378,6 @@ def send_cpu_data_to_device(datas: Any, device: Any, input_sharding: Any = None)
         datas = [datas]
     leaves, spec = torch.utils._pytree.tree_flatten(datas)
     picked = [i for i, v in enumerate(leaves) if type(v) is torch.Tensor and v.device.type == "cpu"]
-    for i, moved in zip(picked, convert_fn([leaves[i] for i in picked])):
+    for i, moved in zip(picked, convert_fn([leaves[i] for i in picked]), strict=True):
         leaves[i] = moved
     return torch.utils._pytree.tree_unflatten(leaves, spec)

@@ -40,8 +40,9 @@ def metrics_report() -> str:
     return torch_xla._XLAC._xla_metrics_report()
 
 
-def short_metrics_report(counter_names: list[str] | None = None,
-                         metric_names: list[str] | None = None) -> str:
+def short_metrics_report(
+    counter_names: list[str] | None = None, metric_names: list[str] | None = None
+) -> str:
     if not counter_names:
         counter_names = ["CachedCompile", "MarkStep", "DynamoSyncInputExecuteTime"]
     if not metric_names:

@@ -11,14 +11,18 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
-
 import torch_xla
 import torch_xla.core.xla_model as xm
 
 
 class PerDeviceLoader:
-    def __init__(self, loader: Iterable[Any], device: Any, input_sharding: Any = None,
-                 batches_per_execution: int = 1) -> None:
+    def __init__(
+        self,
+        loader: Iterable[Any],
+        device: Any,
+        input_sharding: Any = None,
+        batches_per_execution: int = 1,
+    ) -> None:
         self._loader = loader
         self._device = device
         self._input_sharding = input_sharding
@@ -59,9 +63,16 @@ class MpDeviceLoader:
     """Wraps a loader so each batch arrives on ``device`` and steps are synced per batch."""
 
     def __init__(self, loader: Iterable[Any], device: Any, **kwargs: Any) -> None:
-        allowed = {"input_sharding", "batches_per_execution", "loader_prefetch_size",
-                   "device_prefetch_size", "host_to_device_transfer_threads",
-                   "loader_prefetch_threads", "batchdim", "fixed_batch_size"}
+        allowed = {
+            "input_sharding",
+            "batches_per_execution",
+            "loader_prefetch_size",
+            "device_prefetch_size",
+            "host_to_device_transfer_threads",
+            "loader_prefetch_threads",
+            "batchdim",
+            "fixed_batch_size",
+        }
         unknown = set(kwargs) - allowed
         if unknown:
             raise TypeError(f"MpDeviceLoader got unexpected keyword arguments {sorted(unknown)}")
@@ -70,11 +81,14 @@ class MpDeviceLoader:
         self._kwargs = kwargs
 
     def __iter__(self) -> PerDeviceLoader:
-        return iter(PerDeviceLoader(
-            self._loader, self._device,
-            input_sharding=self._kwargs.get("input_sharding"),
-            batches_per_execution=self._kwargs.get("batches_per_execution", 1),
-        ))
+        return iter(
+            PerDeviceLoader(
+                self._loader,
+                self._device,
+                input_sharding=self._kwargs.get("input_sharding"),
+                batches_per_execution=self._kwargs.get("batches_per_execution", 1),
+            )
+        )
 
     def __len__(self) -> int:
         return len(self._loader)  # type: ignore[arg-type]
@@ -87,8 +101,11 @@ class ParallelLoader:
         self._kwargs = kwargs
 
     def per_device_loader(self, device: Any) -> PerDeviceLoader:
-        return PerDeviceLoader(self._cpu_loader, torch.device(device),
-                               input_sharding=self._kwargs.get("input_sharding"))
+        return PerDeviceLoader(
+            self._cpu_loader,
+            torch.device(device),
+            input_sharding=self._kwargs.get("input_sharding"),
+        )
 
     def per_device_samples(self) -> int:
         return len(self._cpu_loader) // len(self._devices)  # type: ignore[arg-type]

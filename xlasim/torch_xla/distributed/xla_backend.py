@@ -11,9 +11,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import ProcessGroup
-
 import torch_xla.runtime as xr
+from torch._C._distributed_c10d import ProcessGroup
 
 
 def _create_xla_process_group(prefix_store: Any, rank: int, size: int, timeout: Any) -> Any:
@@ -50,7 +49,7 @@ class ProcessGroupXla(ProcessGroup):
         cpu = [t.cpu() for t in tensors]
         call(cpu).wait()
         with torch.no_grad():
-            for dst, src in zip(tensors, cpu):
+            for dst, src in zip(tensors, cpu, strict=True):
                 dst.copy_(src)
         return _completed(tensors)
 
@@ -60,14 +59,18 @@ class ProcessGroupXla(ProcessGroup):
     def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> Any:
         return self._through_gloo(tensors, lambda cpu: self._gloo.broadcast(cpu, opts))
 
-    def allgather(self, output_tensors_list: list[list[torch.Tensor]],
-                  input_tensors: list[torch.Tensor], opts: Any = None) -> Any:
+    def allgather(
+        self,
+        output_tensors_list: list[list[torch.Tensor]],
+        input_tensors: list[torch.Tensor],
+        opts: Any = None,
+    ) -> Any:
         cpu_out = [[t.cpu() for t in outs] for outs in output_tensors_list]
         cpu_in = [t.cpu() for t in input_tensors]
         self._gloo.allgather(cpu_out, cpu_in).wait()
         with torch.no_grad():
-            for outs, cpus in zip(output_tensors_list, cpu_out):
-                for dst, src in zip(outs, cpus):
+            for outs, cpus in zip(output_tensors_list, cpu_out, strict=True):
+                for dst, src in zip(outs, cpus, strict=True):
                     dst.copy_(src)
         return _completed(output_tensors_list)
 
@@ -88,8 +91,9 @@ def _register() -> None:
         dist.register_rendezvous_handler("xla", _dispatch_rendezvous)
 
 
-def _dispatch_rendezvous(url: str, timeout: Any = dist.constants.default_pg_timeout,
-                         **kwargs: Any) -> Any:
+def _dispatch_rendezvous(
+    url: str, timeout: Any = dist.constants.default_pg_timeout, **kwargs: Any
+) -> Any:
     # Resolved at call time: each simulation imports its own copy of this module.
     import torch_xla._internal.rendezvous as current
 

@@ -8,8 +8,14 @@ from typing import Any
 import torch_xla.runtime as xr
 
 
-def spawn(fn: Callable[..., Any], args: tuple[Any, ...] = (), nprocs: int | None = None,
-          join: bool = True, daemon: bool = False, start_method: str = "spawn") -> Any:
+def spawn(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...] = (),
+    nprocs: int | None = None,
+    join: bool = True,
+    daemon: bool = False,
+    start_method: str = "spawn",
+) -> Any:
     if nprocs == 1:
         # torch_xla runs the function in this process with global ordinal 0.
         fn(xr.global_ordinal(), *args)
