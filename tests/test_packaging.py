@@ -27,6 +27,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 BUILD_TIMEOUT_S = 300
 CHILD_TIMEOUT_S = 120
+# A child that starts the simulator may be the first process of the env to JIT-build its C++
+# extension (about a minute on 2 idle cores, several on a loaded machine).
+SIM_CHILD_TIMEOUT_S = 420
 
 
 def _clean_env(**extra: str) -> dict[str, str]:
@@ -145,7 +148,7 @@ def _probe(python: Path | str, **env: str) -> dict[str, bool]:
         [str(python), "-c", PROBE],
         capture_output=True,
         text=True,
-        timeout=CHILD_TIMEOUT_S,
+        timeout=SIM_CHILD_TIMEOUT_S,
         env=_clean_env(**env),
     )
     assert proc.returncode == 0, proc.stderr
@@ -229,7 +232,7 @@ def test_installed_env_simulates_the_slice_named_in_the_environment(installed_pt
         ],
         capture_output=True,
         text=True,
-        timeout=CHILD_TIMEOUT_S,
+        timeout=SIM_CHILD_TIMEOUT_S,
         env=_clean_env(XLASIM_TOPOLOGY="2x2x1", XLASIM_ACCELERATOR="v4"),
     )
     assert proc.returncode == 0, proc.stderr
