@@ -30,13 +30,14 @@ _EXTRAS_KEY = "spmd_memory"
 @dataclass
 class _State:
     enforce: bool
-    tracked: weakref.WeakSet[Any]
+    # Keyed by id: a WeakSet would compare tensors with ==, which is elementwise.
+    tracked: weakref.WeakValueDictionary[int, Any]
 
 
 def _state(rt: Any) -> _State:
     state = rt.extras.get(_EXTRAS_KEY)
     if state is None:
-        state = rt.extras[_EXTRAS_KEY] = _State(False, weakref.WeakSet())
+        state = rt.extras[_EXTRAS_KEY] = _State(False, weakref.WeakValueDictionary())
     return state
 
 
@@ -87,13 +88,13 @@ def _live_tensors(rt: Any) -> list[Any]:
     if callable(registry):
         for t in registry():
             seen[id(t)] = t
-    for t in list(_state(rt).tracked):
+    for t in list(_state(rt).tracked.values()):
         seen[id(t)] = t
     return list(seen.values())
 
 
 def track(rt: Any, t: Any) -> None:
-    _state(rt).tracked.add(t)
+    _state(rt).tracked[id(t)] = t
 
 
 def device_bytes(rt: Any, tensors: Iterable[Any] | None = None) -> list[int]:
