@@ -1,4 +1,4 @@
-"""torch_xla's persistent compilation cache (``torch_xla.runtime.initialize_cache``) across processes.
+"""torch_xla's persistent compilation cache (``xr.initialize_cache``) across processes.
 
 Each program runs in a fresh process (the cache settings are read once per process).
 Checked on real torch_xla 2.9.0 with PJRT_DEVICE=CPU: the first process counts
@@ -93,8 +93,15 @@ def _run(xla_target, program: str, *args: str, env: dict[str, str] | None = None
     if env:
         child_env.update(env)
     proc = subprocess.run(
-        [sys.executable, "-c", program, xla_target.name, xla_target.spec.topology,
-         xla_target.spec.accelerator, *args],
+        [
+            sys.executable,
+            "-c",
+            program,
+            xla_target.name,
+            xla_target.spec.topology,
+            xla_target.spec.accelerator,
+            *args,
+        ],
         capture_output=True,
         text=True,
         timeout=240,
@@ -103,7 +110,7 @@ def _run(xla_target, program: str, *args: str, env: dict[str, str] | None = None
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert lines, proc.stdout + proc.stderr
-    return json.loads(lines[-1][len("RESULT "):])
+    return json.loads(lines[-1][len("RESULT ") :])
 
 
 def test_second_process_reuses_the_first_ones_compile(xla_target, tmp_path):
@@ -148,9 +155,7 @@ def test_graph_keys_are_the_same_in_every_process(xla_target, tmp_path, request)
     assert first["PersistentCacheMiss"] == 1
     second = _run(xla_target, _PROGRAM, str(cache), "rw", env=env)
     assert second["PersistentCacheMiss"] is None
-    found = (second["PersistentCacheHit"] or 0) + (
-        second["PersistentCacheDeserializeFailure"] or 0
-    )
+    found = (second["PersistentCacheHit"] or 0) + (second["PersistentCacheDeserializeFailure"] or 0)
     assert found == 1, second
     assert len(os.listdir(cache)) == 1
 

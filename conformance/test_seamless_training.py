@@ -31,9 +31,7 @@ def _loop(trainer_kwargs, steps_per_epoch=4, epochs=2, record_sharding=None):
             if record_sharding is not None and not record_sharding:
                 import torch_xla
 
-                record_sharding.extend(
-                    torch_xla._XLAC._get_xla_sharding_spec(t) for t in (xb, yb)
-                )
+                record_sharding.extend(torch_xla._XLAC._get_xla_sharding_spec(t) for t in (xb, yb))
             optimizer.zero_grad()
             loss = torch.nn.functional.mse_loss(model(xb).squeeze(1), yb)
             loss.backward()

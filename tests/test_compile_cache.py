@@ -37,8 +37,14 @@ def test_bad_cache_directory_is_rejected(base):
 
 @pytest.mark.parametrize(
     ("policy", "host", "expected"),
-    [(True, 0, True), (True, 3, True), (False, 0, False), (False, 3, False),
-     ("followers", 0, False), ("followers", 1, True)],
+    [
+        (True, 0, True),
+        (True, 3, True),
+        (False, 0, False),
+        (False, 3, False),
+        ("followers", 0, False),
+        ("followers", 1, True),
+    ],
 )
 def test_readonly_policies(policy, host, expected):
     assert cc.decide_readonly(policy, host) is expected
@@ -150,8 +156,9 @@ def test_second_process_hits_through_the_backend_helper(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "XLASIM_"))}
     outs = []
     for _ in range(2):
-        proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
-                              timeout=240, env=env)
+        proc = subprocess.run(
+            [sys.executable, "-c", program], capture_output=True, text=True, timeout=240, env=env
+        )
         assert proc.returncode == 0, proc.stderr
         outs.append(next(ln for ln in proc.stdout.splitlines() if ln.startswith("STATS")))
     assert outs == ["STATS 0 1 1", "STATS 1 0 0"]

@@ -100,9 +100,8 @@ def test_identical_steps_do_not_recompile_and_the_assertion_passes():
 
 def test_assertion_fails_with_the_report_and_honours_allowed():
     with xlasim.simulate("2x2"):
-        with pytest.raises(RecompilationError) as info:
-            with assert_no_recompilation():
-                _train([4, 4, 2])
+        with pytest.raises(RecompilationError) as info, assert_no_recompilation():
+            _train([4, 4, 2])
         message = str(info.value)
         assert isinstance(info.value, AssertionError)
         assert "expected no recompilation, got 1" in message
@@ -116,18 +115,18 @@ def test_assertion_fails_with_the_report_and_honours_allowed():
 
 
 def test_an_error_in_the_block_propagates_unchanged():
-    with xlasim.simulate("2x2"):
-        with pytest.raises(KeyError):
-            with assert_no_recompilation():
-                raise KeyError("boom")
+    with xlasim.simulate("2x2"), pytest.raises(KeyError), assert_no_recompilation():
+        raise KeyError("boom")
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, True, "1"])
 def test_bad_allowed_is_rejected(bad):
-    with xlasim.simulate("2x2"):
-        with pytest.raises(ValueError, match="allowed"):
-            with assert_no_recompilation(allowed=bad):
-                pass
+    with (
+        xlasim.simulate("2x2"),
+        pytest.raises(ValueError, match="allowed"),
+        assert_no_recompilation(allowed=bad),
+    ):
+        pass
 
 
 def test_outside_a_simulation_is_a_clear_error():

@@ -5,7 +5,7 @@ The loop in :func:`same_loop` is the user's program.  It is run unchanged
 * on CPU in this process (no XLA configured),
 * on a simulated TPU slice (``xlasim.simulate``), plain and SPMD,
 * in Ray Train on 2 CPU workers with gloo, and through ``tpu_backend.TorchTrainer`` on a
-  simulated single-host TPU slice (see ``test_same_loop_in_ray_train_on_gloo_and_on_a_simulated_slice``),
+  simulated single-host TPU slice (``test_same_loop_in_ray_train_...``),
 
 and the loss curves are compared (tolerance: 1e-5 relative, for float summation order).
 """
@@ -147,8 +147,9 @@ def test_importing_tpu_backend_needs_no_torch_xla():
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("XLASIM_", "PJRT_"))}
     env["CUDA_VISIBLE_DEVICES"] = ""
-    proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
-                          timeout=240, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=240, env=env
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "OK" in proc.stdout
 
@@ -181,9 +182,11 @@ def test_unknown_setting_names_the_valid_ones():
 
 
 def test_memory_fraction_is_rejected_on_xla():
-    with xlasim.simulate("2x2"):
-        with pytest.raises(ValueError, match="memory_fraction=0.5 is not supported on XLA"):
-            SeamlessTPUTrainer(torch.nn.Linear(1, 1), memory_fraction=0.5)
+    with (
+        xlasim.simulate("2x2"),
+        pytest.raises(ValueError, match="memory_fraction=0.5 is not supported on XLA"),
+    ):
+        SeamlessTPUTrainer(torch.nn.Linear(1, 1), memory_fraction=0.5)
 
 
 def test_bf16_precision_casts_the_model():
@@ -210,7 +213,9 @@ def test_compile_cache_setting_opens_the_persistent_cache(tmp_path, monkeypatch)
     monkeypatch.delenv("XLA_COMPILATION_CACHE_SIZE", raising=False)
     with xlasim.simulate("2x2"):
         trainer = SeamlessTPUTrainer(
-            torch.nn.Linear(4, 1), compile_cache=True, compile_cache_dir=str(tmp_path),
+            torch.nn.Linear(4, 1),
+            compile_cache=True,
+            compile_cache_dir=str(tmp_path),
             compile_cache_size=64,
         )
         assert os.environ["XLA_PERSISTENT_CACHE_PATH"].startswith(str(tmp_path))
@@ -369,8 +374,10 @@ def test_same_loop_in_ray_train_on_gloo_and_on_a_simulated_slice(tmp_path):
 
     assert len(gloo["losses"]) == len(tpu["losses"]) == 8
     worst = max(abs(a - b) / abs(a) for a, b in zip(gloo["losses"], tpu["losses"], strict=True))
-    print(f"gloo losses {gloo['losses']}\nsimulated-slice losses {tpu['losses']}\n"
-          f"max relative difference {worst:.2e}; xla (compiles, executions) {tpu['stats']}")
+    print(
+        f"gloo losses {gloo['losses']}\nsimulated-slice losses {tpu['losses']}\n"
+        f"max relative difference {worst:.2e}; xla (compiles, executions) {tpu['stats']}"
+    )
     assert tpu["losses"] == pytest.approx(gloo["losses"], rel=RTOL)
     _assert_one_graph_per_step(tpu["stats"])
     assert tpu["losses"][-1] < tpu["losses"][0]

@@ -357,8 +357,11 @@ class SeamlessTPUTrainer:
             self.info = (
                 detect_device()
                 if device.type == "xla"
-                else DeviceInfo(kind=device.type if device.type == "cuda" else "cpu",
-                                device=device, in_ray_train=_in_ray_train())
+                else DeviceInfo(
+                    kind=device.type if device.type == "cuda" else "cpu",
+                    device=device,
+                    in_ray_train=_in_ray_train(),
+                )
             )
             if device.type == "xla" and self.info.kind != "xla":
                 raise ValueError(
@@ -510,7 +513,7 @@ class SeamlessTPUTrainer:
             return loader
         if isinstance(loader.sampler, DistributedSampler) or loader.batch_sampler is None:
             return loader
-        sampler = DistributedSampler(
+        sampler: DistributedSampler[Any] = DistributedSampler(
             loader.dataset,
             num_replicas=self.num_data_loaders,
             rank=self.process_index,

@@ -156,7 +156,7 @@ def _report(rec: Recompilation) -> RecompilationReport:
     prev, cur = rec.previous, rec.current
     changes = [
         InputChange(i, old, new)
-        for i, (old, new) in enumerate(zip(prev.inputs, cur.inputs))
+        for i, (old, new) in enumerate(zip(prev.inputs, cur.inputs, strict=False))
         if old != new
     ]
     n_prev, n_cur = len(prev.inputs), len(cur.inputs)
