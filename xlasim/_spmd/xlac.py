@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from xlasim import _runtime
-from xlasim._spmd import memory
+from xlasim._spmd import hosts, memory
 from xlasim._spmd.op_sharding import (
     OpSharding,
     ProtoType,
@@ -123,6 +123,9 @@ def _xla_mark_sharding(t: Any, sharding: OpSharding) -> None:
                 "false", "Existing annotation must be cleared first: " + current.op.debug_string()
             )
     memory.check_fits(rt, x, new)
+    if rt.spec.num_hosts > 1:
+        # The transfer takes each device's shard from the host that owns the device.
+        x._elem = assemble_from_hosts(rt, _global_value(x), new)
     x._sharding = new
     _count("VirtualDeviceUsage")
 
@@ -314,6 +317,77 @@ def _global_tensor_from_cpu_shards(
     if shards[0].requires_grad:
         out.requires_grad_(True)
     return out
+
+
+# -- host to device with a sharding (input pipelines, multi-host) ------------------------------
+def assemble_from_hosts(rt: Any, value: torch.Tensor, sharding: TensorSharding) -> torch.Tensor:
+    """The global value the devices hold after every host transferred its own copy of
+    ``value`` with ``sharding``: each device's shard comes from its owner host's copy."""
+    if rt.spec.num_hosts == 1 or sharding.is_replicated or sharding.is_manual:
+        # Replicas are host-local copies: a host reads back its own.
+        return value
+    copies = hosts.all_gather(rt, value)
+    if all(torch.equal(c, value) for c in copies):
+        return value
+    out = value.clone()
+    devices = list(range(rt.spec.num_devices))
+    for device, (_replica, indices) in zip(
+        devices, sharding.replica_and_indices(devices), strict=True
+    ):
+        source = copies[hosts.owner_host(rt, device)]
+        out[tuple(indices)] = source[tuple(indices)]
+    return out
+
+
+def _assemble_minibatch(rt: Any, local: torch.Tensor, sharding: TensorSharding) -> torch.Tensor:
+    """``ShardingUtil::GetShardIndicesForMinibatchTensor``: each host cuts its batch into
+    consecutive chunks, one per local device in device order; the tile assignment then says
+    where each device's chunk sits in the global batch."""
+    per_host = rt.spec.devices_per_host
+    copies = hosts.all_gather(rt, local)
+    chunk = local.shape[0] // per_host
+    value = torch.zeros(sharding.shape, dtype=local.dtype)
+    devices = list(range(rt.spec.num_devices))
+    for device, (_replica, indices) in zip(
+        devices, sharding.replica_and_indices(devices), strict=True
+    ):
+        host = hosts.owner_host(rt, device)
+        first = (device - host * per_host) * chunk
+        data = copies[host][first : first + chunk]
+        if indices is Ellipsis:
+            value.copy_(data)
+            continue
+        unpadded = tuple(slice(0, s.stop - s.start) for s in indices)
+        value[tuple(indices)] = data[unpadded]
+    return value
+
+
+def place_input(x: Any, sharding: XlaShardingSpec | None) -> Any:
+    """The sharding half of ``_xla_tensors_from_aten`` for one freshly transferred tensor.
+
+    Returns the device tensor to hand out: ``x`` itself, annotated, or (when a minibatch
+    makes the global batch bigger than this host's part) a new tensor holding the global
+    batch.  Without a sharding, SPMD transfers are replicated and say so ('{replicated}').
+    """
+    rt = _runtime.current()
+    if sharding is None:
+        if rt.spmd:
+            x._sharding = TensorSharding(OpSharding.replicated(), tuple(x.shape))
+        return x
+    spec = TensorSharding(sharding.op, sharding.shape, sharding.minibatch)
+    local = _global_value(x)
+    if sharding.minibatch:
+        value = _assemble_minibatch(rt, local, spec)
+    else:
+        value = assemble_from_hosts(rt, local, spec)
+    if tuple(value.shape) == tuple(x.shape):
+        x._elem = value
+        target = x
+    else:
+        target = _tensor_module().wrap_data(value, x.device)
+    memory.check_fits(rt, target, spec)
+    target._sharding = spec
+    return target
 
 
 # -- manual sharding ---------------------------------------------------------------------------

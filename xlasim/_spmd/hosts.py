@@ -1,0 +1,91 @@
+"""Multi-host SPMD: the simulated hosts of one slice exchanging data over a CPU gloo group.
+
+Each simulated host is its own process holding the *global* value of every device tensor, so
+every host runs the same global program and computes the same results, as the hosts of a real
+slice do.  The only points where hosts hold different data are where data enters the devices
+from a host: a host-local input batch (``minibatch`` input sharding) or a host's own copy of a
+tensor it shards.  There the hosts exchange what they hold, and each device's shard is taken
+from the copy of the host that owns the device -- exactly what the devices of a real slice end
+up holding.
+
+The group is a private ``ProcessGroupGloo`` (the user's default process group is untouched),
+joined lazily through a TCPStore at ``XLASIM_HOSTS_ADDR`` ('host:port'; host 0 listens).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from typing import Any
+
+import torch
+
+ADDR_ENV = "XLASIM_HOSTS_ADDR"
+TIMEOUT_ENV = "XLASIM_HOSTS_TIMEOUT_S"
+_DEFAULT_TIMEOUT_S = 300.0
+_EXTRAS_KEY = "spmd_host_group"
+
+
+def _parse_addr(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(
+            f"{ADDR_ENV}={text!r} is not valid: expected 'host:port', e.g. '127.0.0.1:29555'"
+        )
+    return host, int(port)
+
+
+def host_group(rt: Any) -> Any | None:
+    """The gloo group of this slice's host processes (None on a single-host slice)."""
+    num_hosts = rt.spec.num_hosts
+    if num_hosts == 1:
+        return None
+    group = rt.extras.get(_EXTRAS_KEY)
+    if group is not None:
+        return group
+    addr = os.environ.get(ADDR_ENV)
+    if not addr:
+        raise RuntimeError(
+            f"xlasim: this process is host {rt.host_index} of a {num_hosts}-host "
+            f"{rt.spec.pod_type} slice and needs the other hosts' data here; start one process "
+            f"per host with {ADDR_ENV}='host:port' (the same address for all, host 0 listens)"
+        )
+    host, port = _parse_addr(addr)
+    timeout = datetime.timedelta(seconds=float(os.environ.get(TIMEOUT_ENV, _DEFAULT_TIMEOUT_S)))
+    import torch.distributed as dist
+
+    store = dist.TCPStore(
+        host, port, num_hosts, is_master=rt.host_index == 0, timeout=timeout, wait_for_workers=True
+    )
+    group = dist.ProcessGroupGloo(
+        dist.PrefixStore("xlasim_hosts", store), rt.host_index, num_hosts, timeout
+    )
+    rt.extras[_EXTRAS_KEY] = (group, store)
+    return rt.extras[_EXTRAS_KEY]
+
+
+def all_gather(rt: Any, value: torch.Tensor) -> list[torch.Tensor]:
+    """Every host's ``value`` (same shape and dtype on every host), in host order."""
+    entry = host_group(rt)
+    if entry is None:
+        return [value]
+    group, _store = entry
+    local = value.detach().contiguous()
+    shapes_in = torch.tensor(
+        [local.dim(), *local.shape, *([0] * (8 - local.dim()))], dtype=torch.int64
+    )
+    shapes = [torch.empty_like(shapes_in) for _ in range(rt.spec.num_hosts)]
+    group.allgather([shapes], [shapes_in]).wait()
+    if any(not torch.equal(s, shapes_in) for s in shapes):
+        raise RuntimeError(
+            "xlasim: the hosts disagree on the shape of a tensor entering the devices: "
+            + ", ".join(f"host {h}: {s[1 : 1 + int(s[0])].tolist()}" for h, s in enumerate(shapes))
+            + " (on a real slice every host must transfer the same shapes)"
+        )
+    out = [torch.empty_like(local) for _ in range(rt.spec.num_hosts)]
+    group.allgather([out], [local]).wait()
+    return out
+
+
+def owner_host(rt: Any, device: int) -> int:
+    return device // rt.spec.devices_per_host
