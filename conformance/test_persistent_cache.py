@@ -136,19 +136,10 @@ def test_second_process_reuses_the_first_ones_compile(xla_target, tmp_path):
     assert os.listdir(cache) == entries
 
 
-def test_graph_keys_are_the_same_in_every_process(xla_target, tmp_path, request):
+def test_graph_keys_are_the_same_in_every_process(xla_target, tmp_path):
     """A graph with str and float arguments is found by a second process: its key must not
     depend on the process (Python 3.11 salts str hashes and hashes None and types by
     address, so they differ from one process to the next)."""
-    if xla_target.name == "sim":
-        request.applymarker(
-            pytest.mark.xfail(
-                strict=True,
-                reason="xlasim._tensor hashes str/float/None graph arguments with hash(), "
-                "which differs per process; fix: stable_id() them in _arg_key and the "
-                "leaf sharding string",
-            )
-        )
     cache = tmp_path / "cache"
     env = {"PCACHE_TEST_STRING_ARGS": "1"}
     first = _run(xla_target, _PROGRAM, str(cache), "rw", env=env)

@@ -29,8 +29,12 @@ _stable_ids: dict[Any, int] = {}
 
 
 def stable_id(obj: Any) -> int:
-    """A process-independent id for an op or dtype (``hash(str)`` is salted per process)."""
-    value = _stable_ids.get(obj)
+    """A process-independent id for an op, dtype or string (``hash(str)`` is salted per
+    process, so graph hashes are built from these and ints only)."""
+    try:
+        value = _stable_ids.get(obj)
+    except TypeError:  # unhashable: identified by its text every time
+        return zlib.crc32(str(obj).encode())
     if value is None:
         value = _stable_ids[obj] = zlib.crc32(str(obj).encode())
     return value

@@ -126,17 +126,26 @@ def _arg_key(a: Any) -> Any:
     """What of a non-tensor argument goes into the graph hash.
 
     Python floats become device data in torch_xla (so changing a learning rate does not
-    recompile); ints, bools, shapes and dtypes are baked into the graph.
+    recompile); ints, bools, strings, shapes and dtypes are baked into the graph. Only values
+    whose ``hash()`` is the same in every process are returned (``hash`` of a str, a type or,
+    on Python < 3.12, None is salted per process), so the persistent cache works across them.
     """
+    if a is None:
+        return 0
+    if isinstance(a, int):  # bool included
+        return a
     if isinstance(a, float):
-        return float
+        return _FLOAT_KEY
     if isinstance(a, (list, tuple)):
         return tuple(_arg_key(x) for x in a)
-    if isinstance(a, (torch.dtype, torch.device, torch.memory_format, torch.layout)):
-        return stable_id(a)
     if isinstance(a, torch.Tensor):  # CPU tensor folded into the graph as a constant
-        return ("const", tuple(a.shape), stable_id(a.dtype))
-    return a
+        return (_CONST_KEY, tuple(a.shape), stable_id(a.dtype))
+    # str, dtype, device, memory_format, layout, enums...: by their text.
+    return stable_id(a)
+
+
+_FLOAT_KEY = stable_id("<float>")
+_CONST_KEY = stable_id("<const>")
 
 
 def _leaf_entry(t: XlaSimTensor) -> tuple[Any, tuple[Any, ...], int]:
@@ -146,7 +155,7 @@ def _leaf_entry(t: XlaSimTensor) -> tuple[Any, tuple[Any, ...], int]:
     if cached is not None and cached[0] is sharding:
         return cached
     key = _leaf_key(t)
-    entry = (sharding, key, hash((key[0], stable_id(key[1]), key[2])))
+    entry = (sharding, key, hash((key[0], stable_id(key[1]), stable_id(key[2]))))
     t._leaf = entry
     return entry
 
