@@ -32,7 +32,7 @@ def tpu_ray_cluster(request):
 
 def test_multi_host_node_args_follow_rays_fake_tpu_hosts():
     spec = parse_slice("4x4", "v6e")
-    args = [host_node_args(spec, h, "s-a") for h in range(spec.num_hosts)]
+    args = [host_node_args(spec, h, "s-a", hosts_addr="127.0.0.1:1") for h in range(4)]
     for h, a in enumerate(args):
         assert a["resources"]["TPU"] == 4
         assert a["resources"]["accelerator_type:TPU-V6E"] == 1
@@ -46,6 +46,7 @@ def test_multi_host_node_args_follow_rays_fake_tpu_hosts():
         assert (env["TPU_NAME"], env["TPU_WORKER_ID"]) == ("s-a", str(h))
         assert (env["TPU_ACCELERATOR_TYPE"], env["TPU_TOPOLOGY"]) == ("v6e-16", "4x4")
         assert (env["XLASIM_NODE_TOPOLOGY"], env["XLASIM_NODE_HOST_INDEX"]) == ("4x4", str(h))
+        assert env["XLASIM_NODE_HOSTS_ADDR"] == "127.0.0.1:1"
         # activation variables never sit on the node (its agents would import torch)
         assert not any(k in env for k in ("XLASIM_TOPOLOGY", "XLASIM_HOST_INDEX"))
     heads = [h for h, a in enumerate(args) if "TPU-v6e-16-head" in a["resources"]]
@@ -62,6 +63,7 @@ def test_runtime_env_expands_node_values():
         "XLASIM_TOPOLOGY": "${XLASIM_NODE_TOPOLOGY}",
         "XLASIM_ACCELERATOR": "${XLASIM_NODE_ACCELERATOR}",
         "XLASIM_HOST_INDEX": "${XLASIM_NODE_HOST_INDEX}",
+        "XLASIM_HOSTS_ADDR": "${XLASIM_NODE_HOSTS_ADDR}",
     }
 
 

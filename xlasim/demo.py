@@ -216,6 +216,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--timeout", type=float, default=600.0,
                         help="seconds before the run is abandoned (default 600)")
+    parser.add_argument("--verbose", action="store_true",
+                        help="forward the Ray workers' logs (per-step lines of every host)")
     args = parser.parse_args(list(argv) if argv is not None else None)
 
     from rich.console import Console
@@ -241,8 +243,15 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     t0 = time.monotonic()
     console.print(f"starting a local Ray cluster with {spec.num_hosts} simulated TPU host(s)...")
-    with simulated_tpu_cluster(spec.topology, spec.accelerator) as cluster:
-        console.print(f"cluster up in {cluster.startup_s:.1f}s; training {args.steps} steps")
+    # Worker logs stay in the cluster's log files (--verbose shows them): without a
+    # dashboard Ray Train's placement-group cleaner warns every second.
+    with simulated_tpu_cluster(
+        spec.topology, spec.accelerator, log_to_driver=args.verbose
+    ) as cluster:
+        console.print(
+            f"cluster up in {cluster.startup_s:.1f}s; training {args.steps} steps on "
+            f"{spec.num_hosts} host(s) (one Ray Train worker per host)..."
+        )
         _, records = run(spec.topology, spec.accelerator, steps=args.steps, batch=args.batch,
                          fit_timeout_s=args.timeout)
     ok = _print_report(spec, records, time.monotonic() - t0)

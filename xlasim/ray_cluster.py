@@ -52,6 +52,7 @@ SIMULATION_RUNTIME_ENV: dict[str, Any] = {
         "XLASIM_TOPOLOGY": "${XLASIM_NODE_TOPOLOGY}",
         "XLASIM_ACCELERATOR": "${XLASIM_NODE_ACCELERATOR}",
         "XLASIM_HOST_INDEX": "${XLASIM_NODE_HOST_INDEX}",
+        "XLASIM_HOSTS_ADDR": "${XLASIM_NODE_HOSTS_ADDR}",
     }
 }
 """Job runtime_env that activates the simulator in every worker process of the job.
@@ -75,8 +76,13 @@ def host_node_args(
     simulate: bool = True,
     num_cpus: float = 1,
     extra_env: Mapping[str, str] | None = None,
+    hosts_addr: str | None = None,
 ) -> dict[str, Any]:
-    """``Cluster.add_node`` keyword arguments for host ``host_index`` of ``spec``."""
+    """``Cluster.add_node`` keyword arguments for host ``host_index`` of ``spec``.
+
+    ``hosts_addr`` ('host:port') is where the simulated hosts of this slice meet to
+    exchange host-entered data (the simulator's ``XLASIM_HOSTS_ADDR``; host 0 listens).
+    """
     resources: dict[str, float] = {
         "TPU": spec.chips_per_host,
         f"accelerator_type:{spec.ray_accelerator_type}": 1,
@@ -106,6 +112,8 @@ def host_node_args(
                 "XLASIM_NODE_HOST_INDEX": str(host_index),
             }
         )
+        if hosts_addr is not None:
+            env["XLASIM_NODE_HOSTS_ADDR"] = hosts_addr
     # Workers must import this project (backend functions are pickled by reference) even
     # when it is not installed into the interpreter Ray starts them with.
     pythonpath = [_PROJECT_ROOT, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
@@ -141,6 +149,14 @@ class SimulatedTPUCluster:
         ]
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def _shutdown(cluster: Any) -> None:
     import ray
 
@@ -166,6 +182,7 @@ def simulated_tpu_cluster(
     startup_timeout_s: float = 90.0,
     extra_env: Mapping[str, str] | None = None,
     connect: bool = True,
+    log_to_driver: bool = True,
 ) -> Iterator[SimulatedTPUCluster]:
     """Start a local Ray cluster shaped like ``num_slices`` slices of ``topology``.
 
@@ -197,6 +214,9 @@ def simulated_tpu_cluster(
     try:
         cluster = Cluster(initialize_head=False, shutdown_at_exit=True)
         hosts = [(name, host) for name in slice_names for host in range(spec.num_hosts)]
+        # One rendezvous address per slice for the simulator's cross-host exchange; the
+        # host-0 worker of each run listens there, runs on a cluster follow one another.
+        hosts_addrs = {name: f"127.0.0.1:{_free_port()}" for name in slice_names}
         if separate_head:
             cluster.add_node(
                 num_cpus=head_num_cpus,
@@ -207,7 +227,7 @@ def simulated_tpu_cluster(
         for i, (name, host) in enumerate(hosts):
             args = host_node_args(
                 spec, host, name, simulate=simulate, num_cpus=num_cpus_per_host,
-                extra_env=extra_env,
+                extra_env=extra_env, hosts_addr=hosts_addrs[name] if spec.is_multi_host else None,
             )
             if cluster.head_node is None:
                 # As in Ray's own fake-TPU tests, worker 0 of the first slice is the head.
@@ -226,7 +246,7 @@ def simulated_tpu_cluster(
         if connect:
             ray.init(
                 address=cluster.address,
-                log_to_driver=True,
+                log_to_driver=log_to_driver,
                 runtime_env=SIMULATION_RUNTIME_ENV if simulate else None,
             )
         handle = SimulatedTPUCluster(
