@@ -337,20 +337,43 @@ class _SharedSimulation:
     def __init__(self) -> None:
         self._stack: contextlib.ExitStack | None = None
         self._key: tuple[str, str, int] | None = None
+        self.environ_before: dict[str, str] = {}
 
     def enter(self, target: XlaTarget) -> None:
         key = (target.spec.topology, target.spec.accelerator, target.host_index)
         if key == self._key:
             return
         self.close()
+        self.environ_before = dict(os.environ)
         stack = contextlib.ExitStack()
         stack.enter_context(_simulated(target))
+        stack.callback(_OPEN_SHARED.remove, self)
+        _OPEN_SHARED.append(self)
         self._stack, self._key = stack, key
 
     def close(self) -> None:
         stack, self._stack, self._key = self._stack, None, None
         if stack is not None:
             stack.close()
+
+
+# Shared simulations open right now (at most one per module being run, in practice one).
+_OPEN_SHARED: list[_SharedSimulation] = []
+
+
+@contextlib.contextmanager
+def _environ(values: dict[str, str] | None) -> Iterator[None]:
+    if values is None:
+        yield
+        return
+    saved = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 @pytest.fixture(scope="module")
@@ -369,7 +392,11 @@ def _run_simulated(request: pytest.FixtureRequest, target: XlaTarget) -> Iterato
         yield target
         _check_simulated_torch_xla(target)
     else:
-        with _simulated(target):
+        # Nested inside a module's shared runtime, a fresh one must not inherit the process
+        # state it left in os.environ (XLA_USE_SPMD, cache paths): start from the environment
+        # as it was before the shared runtime opened.
+        outer = _OPEN_SHARED[-1].environ_before if _OPEN_SHARED else None
+        with _environ(outer), _simulated(target):
             yield target
 
 
