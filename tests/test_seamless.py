@@ -66,6 +66,7 @@ def same_loop(config: dict | None = None) -> dict:
         "num_processes": trainer.num_processes,
         "losses": losses,
         "stats": stats,
+        "cache": None if not trainer.is_xla else trainer.compile_stats().as_dict(),
     }
     out = config.get("out_dir")
     if out and trainer.is_main_process:
@@ -390,3 +391,45 @@ def test_same_loop_in_ray_train_on_gloo_and_on_a_simulated_slice(tmp_path):
     assert tpu["losses"] == pytest.approx(gloo["losses"], rel=RTOL)
     _assert_one_graph_per_step(tpu["stats"])
     assert tpu["losses"][-1] < tpu["losses"][0]
+
+
+@pytest.mark.timeout(900)
+def test_backend_compile_cache_makes_the_second_run_compile_nothing(tmp_path):
+    """TPUTorchConfig(compilation_cache_dir=...) opens torch_xla's persistent cache on the
+    worker before any computation; a second fit() of the same loop loads every graph."""
+    pytest.importorskip("ray.train")
+    import ray
+    import ray.cloudpickle
+    from ray.train import RunConfig, ScalingConfig
+
+    import tpu_backend
+    from xlasim.ray_cluster import fit_with_deadline, simulated_tpu_cluster
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    if ray.is_initialized():
+        ray.shutdown()
+    cache_dir = tmp_path / "xla-cache"
+    results = []
+    with simulated_tpu_cluster("2x2", "v6e", startup_timeout_s=120):
+        for run in range(2):
+            out = tmp_path / f"run{run}"
+            out.mkdir()
+            trainer = tpu_backend.TorchTrainer(
+                _ray_loop,
+                train_loop_config={"out_dir": str(out), "epochs": 1},
+                torch_config=tpu_backend.TPUTorchConfig(compilation_cache_dir=str(cache_dir)),
+                scaling_config=ScalingConfig(
+                    use_tpu=True, topology="2x2", accelerator_type="TPU-V6E", num_workers=1
+                ),
+                run_config=RunConfig(storage_path=str(tmp_path / f"ray{run}")),
+            )
+            fit_with_deadline(trainer, 300)
+            results.append(json.loads((out / "result.json").read_text()))
+    first, second = (r["cache"] for r in results)
+    assert first["persistent_cache_dir"].startswith(str(cache_dir))
+    assert "v6e-4-2x2" in first["persistent_cache_dir"]
+    assert first["persistent_cache_readonly"] is False  # host 0 writes
+    assert first["compiles"] == 1 and first["persistent_misses"] == 1
+    assert second["persistent_hits"] == 1 and second["persistent_misses"] == 0
+    assert second["compiles"] == 0
+    assert results[1]["losses"] == results[0]["losses"]
