@@ -12,9 +12,8 @@ import torch
 
 def _train_step_fn(dev):
     torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)
-    ).to(dev)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    model.to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     g = torch.Generator().manual_seed(0)
 
@@ -85,8 +84,12 @@ def test_metrics_api(xla_target):
     assert isinstance(timestamp, float) and isinstance(value, float) and value > 0
     report = met.metrics_report()
     assert isinstance(report, str)
-    for line in ("Metric: CompileTime", "Metric: ExecuteTime", "Counter: UncachedCompile",
-                 "Counter: MarkStep"):
+    for line in (
+        "Metric: CompileTime",
+        "Metric: ExecuteTime",
+        "Counter: UncachedCompile",
+        "Counter: MarkStep",
+    ):
         assert line in report
     short = met.short_metrics_report()
     assert "Metric: CompileTime" in short and "Metric: ExecuteTime" in short

@@ -130,4 +130,3 @@ def test_autograd_and_optimizer_step(xla_target):
     (leaf * leaf).sum().backward()
     assert leaf.grad.device == dev
     assert leaf.grad.cpu().tolist() == [4.0, 6.0]
-

@@ -26,15 +26,24 @@ def test_python_api_errors(xla_target):
         xm.xla_device_hw("cpu")
     with pytest.raises(TypeError, match=r"^`payload` must be bytes, not <class 'int'>$"):
         xm.rendezvous("tag", 5)
-    with pytest.raises(ValueError, match=r"^Unsupported nprocs \(2\)\. Please use nprocs=1 or "
-                       r"None \(default\)\."):
+    with pytest.raises(
+        ValueError,
+        match=r"^Unsupported nprocs \(2\)\. Please use nprocs=1 or "
+        r"None \(default\)\.",
+    ):
         xmp.spawn(lambda index: None, nprocs=2)
     t = torch.ones(3, device=torch_xla.device())
-    with pytest.raises(TypeError, match=r"^can't convert xla:0 device type tensor to numpy\. "
-                       r"Use Tensor\.cpu\(\) to copy the tensor to host memory first\.$"):
+    with pytest.raises(
+        TypeError,
+        match=r"^can't convert xla:0 device type tensor to numpy\. "
+        r"Use Tensor\.cpu\(\) to copy the tensor to host memory first\.$",
+    ):
         t.numpy()
-    with pytest.raises(RuntimeError, match=r"^a Tensor with 3 elements cannot be converted to "
-                       r"Scalar$"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"^a Tensor with 3 elements cannot be converted to "
+        r"Scalar$",
+    ):
         t.item()
 
 
@@ -54,11 +63,17 @@ def test_spmd_mode_errors(xla_target, monkeypatch):
     monkeypatch.setenv("MASTER_ADDR", "localhost")
     monkeypatch.setenv("MASTER_PORT", str(_free_port()))
     xr.use_spmd()
-    with pytest.raises(NotImplementedError, match=r"^launch function does not support SPMD at "
-                       r"this time$"):
+    with pytest.raises(
+        NotImplementedError,
+        match=r"^launch function does not support SPMD at "
+        r"this time$",
+    ):
         torch_xla.launch(lambda: None)
-    with pytest.raises(AssertionError, match=r"^XLA backend is not supported with SPMD\. Please "
-                       r"use a CPU process group instead\.$"):
+    with pytest.raises(
+        AssertionError,
+        match=r"^XLA backend is not supported with SPMD\. Please "
+        r"use a CPU process group instead\.$",
+    ):
         dist.init_process_group("xla", init_method="xla://")
     assert not dist.is_initialized()
 
@@ -69,11 +84,17 @@ def test_shape_errors_name_xla_shapes(xla_target):
 
     dev = torch_xla.device()
     a = torch.ones(2, 3, device=dev)
-    with pytest.raises(RuntimeError, match=r"^mm\(\): cannot matrix-multiply tensors f32\[2,3\] "
-                       r"and f32\[2,3\]\. Expected the size of dimension 1 of the first input "
-                       r"tensor \(3\) to be equal the size of dimension 0 of the second input "
-                       r"tensor \(2\)\.$"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"^mm\(\): cannot matrix-multiply tensors f32\[2,3\] "
+        r"and f32\[2,3\]\. Expected the size of dimension 1 of the first input "
+        r"tensor \(3\) to be equal the size of dimension 0 of the second input "
+        r"tensor \(2\)\.$",
+    ):
         a @ a
-    with pytest.raises(RuntimeError, match=r"^Shapes are not compatible for broadcasting: "
-                       r"f32\[2,3\] vs\. f32\[4\]\."):
+    with pytest.raises(
+        RuntimeError,
+        match=r"^Shapes are not compatible for broadcasting: "
+        r"f32\[2,3\] vs\. f32\[4\]\.",
+    ):
         a + torch.ones(4, device=dev)

@@ -108,8 +108,11 @@ def test_use_spmd_after_tensors_warns(xla_target):
     import torch_xla.runtime as xr
 
     t = torch.ones(3, device=torch_xla.device()) + 1
-    with pytest.warns(UserWarning, match=r"^Replicating tensors already initialized on "
-                      r"non-virtual XLA device for SPMD to force SPMD mode\."):
+    with pytest.warns(
+        UserWarning,
+        match=r"^Replicating tensors already initialized on "
+        r"non-virtual XLA device for SPMD to force SPMD mode\.",
+    ):
         xr.use_spmd()
     assert xr.is_spmd()
     assert xr.addressable_device_count() == 1

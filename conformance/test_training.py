@@ -18,7 +18,10 @@ LOSS_TOL = {"rtol": 1e-5, "atol": 1e-6}
 def _model() -> torch.nn.Module:
     torch.manual_seed(1)
     return torch.nn.Sequential(
-        torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 32), torch.nn.ReLU(),
+        torch.nn.Linear(16, 32),
+        torch.nn.Tanh(),
+        torch.nn.Linear(32, 32),
+        torch.nn.ReLU(),
         torch.nn.Linear(32, 1),
     )
 

@@ -46,8 +46,14 @@ def test_device_helpers(xla_target):
     out = io.StringIO()
     xm.master_print("hello", 42, fd=out)
     assert out.getvalue() == "hello 42\n"
-    assert (xm.REDUCE_SUM, xm.REDUCE_MUL, xm.REDUCE_AND, xm.REDUCE_OR, xm.REDUCE_MIN,
-            xm.REDUCE_MAX) == ("sum", "mul", "and", "or", "min", "max")
+    assert (
+        xm.REDUCE_SUM,
+        xm.REDUCE_MUL,
+        xm.REDUCE_AND,
+        xm.REDUCE_OR,
+        xm.REDUCE_MIN,
+        xm.REDUCE_MAX,
+    ) == ("sum", "mul", "and", "or", "min", "max")
 
 
 def test_single_process_collectives(xla_target):

@@ -211,9 +211,7 @@ def test_xla_cpu_is_skipped_for_multi_host_topologies(
     )
 
 
-def test_tpu_is_skipped_with_reason_without_chips(
-    pytester: pytest.Pytester, no_tpu: Path
-) -> None:
+def test_tpu_is_skipped_with_reason_without_chips(pytester: pytest.Pytester, no_tpu: Path) -> None:
     pytester.makepyfile("def test_a(xla_target): raise AssertionError('must not run')")
     result = run(pytester, "--xla-targets", "tpu")
     result.assert_outcomes(skipped=1)
@@ -382,7 +380,10 @@ def test_real_target_child_is_a_fresh_clean_process(
 
 
 def test_real_target_subprocess_is_bounded_by_the_timeout(
-    pytester: pytest.Pytester, real_xla_forced: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    pytester: pytest.Pytester,
+    real_xla_forced: None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     pid_file = tmp_path / "child.pid"
     monkeypatch.setenv("PID_FILE", str(pid_file))
@@ -562,7 +563,8 @@ def test_sim_target_fails_if_torch_xla_is_not_the_simulator(
         import importlib.util, sys
 
         def test_smuggle(xlasim_sim):
-            spec = importlib.util.spec_from_file_location("torch_xla", {str(fake / "__init__.py")!r})
+            path = {str(fake / "__init__.py")!r}
+            spec = importlib.util.spec_from_file_location("torch_xla", path)
             module = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(module)
             sys.modules["torch_xla"] = module

@@ -458,7 +458,9 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     callspec = getattr(pyfuncitem, "callspec", None)
     if callspec is None or callspec.params.get("xla_target") not in REAL_TARGETS:
         return None
-    _run_in_subprocess(pyfuncitem, pyfuncitem.funcargs["xla_target"])
+    target = pyfuncitem.funcargs["xla_target"]
+    assert isinstance(target, XlaTarget)
+    _run_in_subprocess(pyfuncitem, target)
     return True
 
 
