@@ -42,10 +42,9 @@ class FirstReport(UserCallback):
 
 def cpu_train_loop(config: dict) -> None:
     """The demo's model and problem on plain CPU workers with DDP over gloo."""
-    import torch
-
     import ray.train
     import ray.train.torch
+    import torch
 
     torch.manual_seed(0)
     width = int(config.get("width", 32))
