@@ -259,12 +259,15 @@ def test_optimizer_wrapper_delegates_everything_else():
     assert wrapped.param_groups is opt.param_groups
     wrapped.defaults["lr"] = 0.25
     assert opt.defaults["lr"] == 0.25
-    sched = torch.optim.lr_scheduler.StepLR(wrapped.optimizer, step_size=1, gamma=0.5)
+    assert isinstance(wrapped, torch.optim.Optimizer)
+    sched = torch.optim.lr_scheduler.StepLR(wrapped, step_size=1, gamma=0.5)
     model(torch.ones(1, 2)).sum().backward()
     wrapped.step()
     sched.step()
     assert opt.param_groups[0]["lr"] == 0.25
     assert "SGD" in repr(wrapped)
+    assert wrapped.state_dict()["param_groups"][0]["lr"] == 0.25
+    assert trainer.prepare_optimizer(wrapped) is wrapped
 
 
 def test_prepare_rejects_what_it_cannot_prepare():

@@ -51,7 +51,6 @@ from tpu_backend.precision import SeamlessConfig
 
 __all__ = [
     "DeviceInfo",
-    "SeamlessOptimizer",
     "SeamlessTPUTrainer",
     "detect_device",
     "to_device",
@@ -230,31 +229,84 @@ def to_device(*values: Any, device: Any = None) -> Any:
     return moved[0] if len(moved) == 1 else moved
 
 
-class SeamlessOptimizer:
-    """An optimizer whose ``step()`` does what the device needs (see the module docstring).
+_optimizer_class: Any = None
 
-    Everything else (``zero_grad``, ``param_groups``, ``state_dict``, LR schedulers) is the
-    wrapped optimizer's.
+
+def _seamless_optimizer_class() -> Any:
+    """``SeamlessOptimizer``, made on first use so that importing this module needs no torch.
+
+    A real ``torch.optim.Optimizer`` subclass (LR schedulers check ``isinstance``), as HF
+    accelerate's ``AcceleratedOptimizer`` is: it holds the user's optimizer and shares its
+    ``param_groups``, ``state`` and ``defaults``; only ``step()`` differs.
     """
+    global _optimizer_class
+    if _optimizer_class is not None:
+        return _optimizer_class
+    import torch
 
-    def __init__(self, optimizer: Any, trainer: SeamlessTPUTrainer) -> None:
-        self.__dict__["optimizer"] = optimizer
-        self.__dict__["_trainer"] = trainer
+    class SeamlessOptimizer(torch.optim.Optimizer):
+        """An optimizer whose ``step()`` does what the device needs (module docstring)."""
 
-    def step(self, closure: Any = None) -> Any:
-        return self._trainer._optimizer_step(self.optimizer, closure)
+        def __init__(self, optimizer: Any, trainer: SeamlessTPUTrainer) -> None:
+            # No super().__init__: the wrapped optimizer owns the parameter groups.
+            self.optimizer = optimizer
+            self._trainer = trainer
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        self.optimizer.zero_grad(set_to_none=set_to_none)
+        @property
+        def param_groups(self) -> Any:
+            return self.optimizer.param_groups
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.__dict__["optimizer"], name)
+        @param_groups.setter
+        def param_groups(self, value: Any) -> None:
+            self.optimizer.param_groups = value
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self.optimizer, name, value)
+        @property
+        def state(self) -> Any:
+            return self.optimizer.state
 
-    def __repr__(self) -> str:
-        return f"SeamlessOptimizer({self.optimizer!r})"
+        @state.setter
+        def state(self, value: Any) -> None:
+            self.optimizer.state = value
+
+        @property
+        def defaults(self) -> Any:
+            return self.optimizer.defaults
+
+        @defaults.setter
+        def defaults(self, value: Any) -> None:
+            self.optimizer.defaults = value
+
+        def step(self, closure: Any = None) -> Any:
+            return self._trainer._optimizer_step(self.optimizer, closure)
+
+        def zero_grad(self, set_to_none: bool = True) -> None:
+            self.optimizer.zero_grad(set_to_none=set_to_none)
+
+        def add_param_group(self, param_group: dict[str, Any]) -> None:
+            self.optimizer.add_param_group(param_group)
+
+        def state_dict(self) -> Any:
+            return self.optimizer.state_dict()
+
+        def load_state_dict(self, state_dict: Any) -> None:
+            self.optimizer.load_state_dict(state_dict)
+
+        def __getstate__(self) -> Any:
+            return self.optimizer.__getstate__()
+
+        def __repr__(self) -> str:
+            return f"SeamlessOptimizer({self.optimizer!r})"
+
+    SeamlessOptimizer.__module__ = __name__
+    SeamlessOptimizer.__qualname__ = "SeamlessOptimizer"
+    _optimizer_class = SeamlessOptimizer
+    return SeamlessOptimizer
+
+
+def __getattr__(name: str) -> Any:
+    if name == "SeamlessOptimizer":
+        return _seamless_optimizer_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class _DeviceBatches:
@@ -468,6 +520,11 @@ class SeamlessTPUTrainer:
                 for tensor in list(model.parameters()) + list(model.buffers()):
                     if not _has_sharding(tensor):
                         xs.mark_sharding(tensor, self.mesh, (None,) * tensor.dim())
+            elif self.num_processes > 1:
+                import torch_xla.core.xla_model as xm
+
+                # One process per chip: start every replica from rank 0's weights, as DDP does.
+                xm.broadcast_master_param(model)
             return model
         import torch.distributed as dist
 
@@ -479,10 +536,11 @@ class SeamlessTPUTrainer:
             return DistributedDataParallel(model)
         return model
 
-    def prepare_optimizer(self, optimizer: Any) -> SeamlessOptimizer:
+    def prepare_optimizer(self, optimizer: Any) -> Any:
         """Wrap ``optimizer``; point it at the prepared model's parameters if it was built
         on the model before :meth:`prepare_model` moved it."""
-        if isinstance(optimizer, SeamlessOptimizer):
+        cls = _seamless_optimizer_class()
+        if isinstance(optimizer, cls):
             return optimizer
         moved = self._moved_params
         if moved:
@@ -491,7 +549,7 @@ class SeamlessTPUTrainer:
             for old_id, new in moved.items():
                 for key in [k for k in optimizer.state if id(k) == old_id]:
                     optimizer.state[new] = optimizer.state.pop(key)
-        return SeamlessOptimizer(optimizer, self)
+        return cls(optimizer, self)
 
     def prepare_data_loader(self, loader: Any) -> Any:
         """A loader yielding batches on the device (see the module docstring)."""
@@ -543,7 +601,7 @@ class SeamlessTPUTrainer:
         for obj in objects:
             if isinstance(obj, torch.nn.Module):
                 kinds.append(0)
-            elif isinstance(obj, (torch.optim.Optimizer, SeamlessOptimizer)):
+            elif isinstance(obj, torch.optim.Optimizer):
                 kinds.append(1)
             elif isinstance(obj, Iterable):
                 kinds.append(2)
