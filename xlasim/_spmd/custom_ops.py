@@ -20,7 +20,7 @@ from torch.library import custom_op
 @custom_op("xla::aot_mark_sharding", mutates_args=())
 def aot_mark_sharding(t: torch.Tensor, mesh: str, partition_spec: str) -> torch.Tensor:
     if t is None:
-        return None  # type: ignore[unreachable]
+        return None
 
     import torch_xla.distributed.spmd as xs
 
@@ -33,7 +33,7 @@ def aot_mark_sharding(t: torch.Tensor, mesh: str, partition_spec: str) -> torch.
 @aot_mark_sharding.register_fake
 def _aot_mark_sharding_fake(t: torch.Tensor, mesh: str, partition_spec: str) -> torch.Tensor:
     if t is None:
-        return None  # type: ignore[unreachable]
+        return None
     return torch.empty_like(t)
 
 

@@ -26,9 +26,7 @@ from typing import Any
 import numpy as np
 
 
-def physical_tpu_mesh(
-    device_attributes: list[dict[str, Any]], devices: Sequence[int]
-) -> np.ndarray:
+def physical_tpu_mesh(device_attributes: list[dict[str, Any]], devices: Any) -> np.ndarray:
     """``HybridMesh._get_physical_tpu_mesh`` (without its TPU assertion, done by the caller)."""
     device_coords = [device_attributes[d]["coords"] for d in devices]
     dims = tuple(d + 1 for d in max(device_coords))
@@ -322,7 +320,7 @@ def _create_device_mesh_for_nd_torus_splitting_axes(
                 assignment=assignment,
             ):
                 best_logical_axis_assignment = logical_axis_assignment
-        assignment[:, logical_axis] = best_logical_axis_assignment  # type: ignore  # numpy 2.2
+        assignment[:, logical_axis] = best_logical_axis_assignment  # type: ignore[assignment]
 
     # Read out the assignment.
     logical_mesh = _generate_logical_mesh(physical_mesh, logical_mesh_shape, assignment)
@@ -441,9 +439,9 @@ def _generate_logical_mesh(
     _, _, transpose_axes = zip(
         *sorted(zip(logical_indices, physical_indices, range(len(logical_indices))))
     )
-    logical_mesh = np.transpose(logical_mesh, transpose_axes)  # type: ignore  # numpy 2.2
+    logical_mesh = np.transpose(logical_mesh, transpose_axes)
 
     # Reshape to add the trivial dimensions back.
-    logical_mesh = np.reshape(logical_mesh, logical_mesh_shape)  # type: ignore  # numpy 2.2
+    logical_mesh = np.reshape(logical_mesh, logical_mesh_shape)
 
     return logical_mesh

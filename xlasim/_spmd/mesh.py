@@ -117,7 +117,7 @@ class Mesh:
     @functools.lru_cache(maxsize=None)  # noqa: B019 - torch_xla caches per mesh the same way
     def _get_op_sharding_args(self, partition_spec: PartitionSpec) -> tuple[Any, Any, Any, int]:
         partition_spec = _translate_named_partition_spec(self, partition_spec)
-        flat_specs = np.hstack([d for d in partition_spec])
+        flat_specs: Any = np.hstack([d for d in partition_spec])  # type: ignore[misc]
         specs = [d for d in flat_specs if d is not None]
         assert all(d >= 0 and d < len(self.mesh_shape) for d in specs), (
             f"partition_spec ({partition_spec}) contains out of bound index into mesh_shape."
@@ -138,9 +138,7 @@ class Mesh:
             sharding_type, tile_assignment, len(partition_spec), replicate_dims
         )
 
-        tile_assignment = tile_assignment.tolist()
-        sharding_type = int(sharding_type)
-        return tile_assignment, group_assignment, replication_groups, sharding_type
+        return tile_assignment.tolist(), group_assignment, replication_groups, int(sharding_type)
 
     @functools.lru_cache(maxsize=None)  # noqa: B019
     def get_op_sharding(self, partition_spec: PartitionSpec) -> OpSharding:

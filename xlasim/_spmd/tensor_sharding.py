@@ -7,6 +7,7 @@ was made for (and the ``minibatch`` flag the input loader uses).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from xlasim._spmd.op_sharding import OpSharding, ProtoType, replica_and_indices, shard_shape
 
@@ -39,7 +40,7 @@ class TensorSharding:
     def shard_shape(self) -> list[int]:
         return shard_shape(self.op, self.shape)
 
-    def replica_and_indices(self, device_ordinals: Sequence[int]) -> list[tuple[int, object]]:
+    def replica_and_indices(self, device_ordinals: Sequence[int]) -> list[tuple[int, Any]]:
         return replica_and_indices(self.op, self.shape, device_ordinals)
 
     def devices(self) -> list[int]:

@@ -67,7 +67,7 @@ class XLAShard:
 
 @contextlib.contextmanager
 def no_dispatch() -> Iterator[None]:
-    guard = torch._C._DisableTorchDispatch()  # type: ignore[attr-defined]
+    guard = torch._C._DisableTorchDispatch()
     try:
         yield
     finally:
@@ -84,6 +84,7 @@ class XLAShardedTensor(DTensor):
     global_tensor: torch.Tensor
     mesh_shape: Any
     partition_spec: Any
+    _cached_spec: DTensorSpec | None
 
     __slots__ = ["global_tensor", "mesh_shape", "partition_spec", "_cached_spec"]
 
@@ -96,7 +97,7 @@ class XLAShardedTensor(DTensor):
         *args: Any,
         **kwargs: Any,
     ) -> XLAShardedTensor:
-        r = torch.Tensor._make_wrapper_subclass(  # type: ignore[attr-defined]
+        r = torch.Tensor._make_wrapper_subclass(
             cls,
             elem.size(),
             strides=elem.stride(),
@@ -158,7 +159,9 @@ class XLAShardedTensor(DTensor):
         return f"XLAShardedTensor({self.global_tensor})"
 
     @classmethod
-    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+    def __torch_dispatch__(  # type: ignore[override]
+        cls, func: Any, types: Any, args: Any = (), kwargs: Any = None
+    ) -> Any:
         """Unwrap to the global ``xla`` tensor, run the op there, wrap tensor results."""
 
         def unwrap(elem: Any) -> Any:
@@ -217,7 +220,7 @@ class XLAShardedTensor(DTensor):
         return self._cached_spec
 
     @property
-    def placements(self) -> tuple[Placement, ...]:  # type: ignore[override]
+    def placements(self) -> tuple[Placement, ...]:
         """The placements that describe how this tensor is distributed."""
         try:
             return self._spec.placements
