@@ -371,3 +371,32 @@ def test_sharded_training_matches_cpu(xla_target):
     # in-place optimizer updates keep the parameters' annotations
     assert spec_of(model[0].weight) == "{devices=[2,1,2]0,2,1,3 last_tile_dim_replicate}"
     assert spec_of(model[2].weight) == "{devices=[1,2,2]0,2,1,3 last_tile_dim_replicate}"
+
+
+def test_mark_sharding_counters(xla_target):
+    import torch_xla.debug.metrics as met
+    import torch_xla.distributed.spmd as xs
+
+    _spmd(xla_target)
+    t = torch.randn(8, 6).to("xla")
+    mesh = xs.Mesh(np.arange(4), (2, 2), ("x", "y"))
+    met.clear_all()
+    xs.mark_sharding(t, mesh, ("x", "y"))
+    counters = {n: met.counter_value(n) for n in met.counter_names()}
+    for name, value in {
+        "CreateOpSharding": 1,
+        "XlaMarkSharding": 1,
+        "VirtualDeviceUsage": 1,
+        "SetShardingSpec": 1,
+        "CreateDataHandles": 4,
+    }.items():
+        assert counters.get(name) == value, name
+    assert "TransferToDeviceTime" in met.metric_names()
+    xs.mark_sharding(t, mesh, ("x", "y"))  # cached OpSharding, same annotation: a no-op
+    assert met.counter_value("CreateOpSharding") == 1
+    assert met.counter_value("XlaMarkSharding") == 2
+    assert met.counter_value("SetShardingSpec") == 1
+    met.clear_all()
+    xs.mark_sharding(t + 1, mesh, ("x", None))  # a pending op result: annotated in the IR
+    assert met.counter_value("XlaAnnotateCustomSharding") == 1
+    assert met.counter_value("VirtualDeviceUsage") is None

@@ -72,6 +72,7 @@ class OpSharding:
                     f"arg1: list, arg2: list, arg3: typing.SupportsInt)\n\n{name} is "
                     f"{type(value).__name__}, not list"
                 )
+        _count("CreateOpSharding")
         fields = create_op_sharding_fields(
             tile_assignment, group_assignment, replication_groups, int(sharding_type)
         )
@@ -171,6 +172,15 @@ class OpSharding:
 
     def __repr__(self) -> str:
         return f"<_XLAC.OpSharding object at {hex(id(self))}>"
+
+
+def _count(name: str) -> None:
+    """A torch_xla counter (TORCH_LAZY_COUNTER) on the active simulated runtime, if any."""
+    from xlasim import _runtime
+
+    rt = _runtime.active()
+    if rt is not None:
+        rt.metrics.inc(name)
 
 
 def check_failed(condition: str, message: str) -> RuntimeError:

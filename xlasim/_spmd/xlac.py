@@ -12,6 +12,7 @@ when asked for, with the zero padding torch_xla's ``ShardTensor`` adds to uneven
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -123,16 +124,25 @@ def _xla_mark_sharding(t: Any, sharding: OpSharding) -> None:
                 "false", "Existing annotation must be cleared first: " + current.op.debug_string()
             )
     memory.check_fits(rt, x, new)
+    start = time.perf_counter_ns()
     if rt.spec.num_hosts > 1:
         # The transfer takes each device's shard from the host that owns the device.
         x._elem = assemble_from_hosts(rt, _global_value(x), new)
-    x._sharding = new
     _count("VirtualDeviceUsage")
+    _set_sharding(x, new)
+    # The data moves to the devices as one buffer per addressable device.
+    rt.metrics.inc("CreateDataHandles", len(rt.addressable_device_ids()))
+    rt.metrics.add_sample("TransferToDeviceTime", time.perf_counter_ns() - start)
+
+
+def _set_sharding(x: Any, sharding: TensorSharding) -> None:
+    _count("SetShardingSpec")
+    x._sharding = sharding
 
 
 def _annotate_custom(x: Any, new: TensorSharding) -> None:
     _count("XlaAnnotateCustomSharding")
-    x._sharding = new
+    _set_sharding(x, new)
 
 
 def _xla_annotate_custom_sharding(t: Any, sharding: OpSharding) -> None:
@@ -201,10 +211,12 @@ def _get_local_shards(tensors: Sequence[Any]) -> list[list[tuple[torch.Tensor, s
         x = xla_tensor(t)
         sharding = _sharded(x)
         value = _global_value(x)
+        start = time.perf_counter_ns()
         padded = sharding.shard_shape()
         pieces = []
         for _replica, indices in replica_and_indices(sharding.op, tuple(x.shape), local):
             pieces.append(padded_shard(value, indices, padded))
+        rt.metrics.add_sample("TransferFromDeviceTime", time.perf_counter_ns() - start)
         out.append([(p, _device_name(rt, d)) for p, d in zip(pieces, local, strict=True)])
     return out
 
