@@ -16,6 +16,7 @@ Attempting to allocate 196.00M. That was not possible. There are 134.44M free.; 
 
 from __future__ import annotations
 
+import os
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -34,10 +35,14 @@ class _State:
     tracked: weakref.WeakValueDictionary[int, Any]
 
 
+ENFORCE_ENV = "XLASIM_ENFORCE_HBM"
+
+
 def _state(rt: Any) -> _State:
     state = rt.extras.get(_EXTRAS_KEY)
     if state is None:
-        state = rt.extras[_EXTRAS_KEY] = _State(False, weakref.WeakValueDictionary())
+        enforce = os.environ.get(ENFORCE_ENV, "0").lower() in ("1", "true", "yes", "on")
+        state = rt.extras[_EXTRAS_KEY] = _State(enforce, weakref.WeakValueDictionary())
     return state
 
 
@@ -169,3 +174,19 @@ def report(rt: Any) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+# -- the public face (re-exported by ``xlasim``) --------------------------------------------------
+def chip_memory() -> list[dict[str, Any]]:
+    """Per-chip HBM use of the active simulated slice (see :func:`report`)."""
+    from xlasim import _runtime
+
+    return report(_runtime.current())
+
+
+def enforce_hbm(enabled: bool = True) -> None:
+    """Make transfers that overflow a chip's HBM fail with PJRT's RESOURCE_EXHAUSTED error
+    (also switched on by ``XLASIM_ENFORCE_HBM=1``)."""
+    from xlasim import _runtime
+
+    set_enforce(_runtime.current(), enabled)
