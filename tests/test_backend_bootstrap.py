@@ -198,13 +198,3 @@ def test_per_chip_env_equals_real_torch_xla_configure_topology(monkeypatch):
     real = json.loads(proc.stdout.strip().splitlines()[-1])
     mismatches = [(c, o, r) for c, o, r in zip(cases, ours, real, strict=True) if o != r]
     assert not mismatches, mismatches[:3]
-
-
-def test_compilation_cache_path_is_keyed_by_slice_and_version():
-    from dataclasses import replace
-
-    from tpu_backend.bootstrap import _cache_path
-
-    b = replace(_bootstrap(V4_16, 1, 0, spmd=True, hostnames=["a", "b"]), cache_dir="/c")
-    assert _cache_path(b, "2.9.0") == "/c/v4-16-2x2x2/torch_xla-2.9.0"
-    assert _cache_path(replace(b, spec=None), "2.9.0") == "/c/single-host/torch_xla-2.9.0"

@@ -166,6 +166,7 @@ def test_to_dict_carries_the_xla_settings():
         ({"accelerator": "v9"}, "unknown accelerator 'v9'"),
         ({"pjrt_device": "GPU"}, "pjrt_device 'GPU' is not valid"),
         ({"compilation_cache_readonly": "maybe"}, "compilation_cache_readonly 'maybe'"),
+        ({"compilation_cache_readonly": 1}, "compilation_cache_readonly 1 is not valid"),
     ],
 )
 def test_bad_config_alone(kwargs, pattern):

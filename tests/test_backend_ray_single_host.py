@@ -125,3 +125,16 @@ def test_plain_ray_trainer_with_our_config(v6e_8_cluster, tmp_path):
     fit_with_deadline(trainer, FIT_TIMEOUT_S)
     (rec,) = demo.read_records(out)
     assert rec["mesh_shape"] == [8] and rec["process_group"] == "gloo"
+
+
+def test_compilation_cache_is_opened_at_bootstrap(v6e_8_cluster, tmp_path):
+    cache = tmp_path / "xla-cache"
+    cfg = tpu_backend.TPUTorchConfig(compilation_cache_dir=str(cache),
+                                     compilation_cache_readonly="auto")
+    trainer, out = _trainer(tmp_path, torch_config=cfg, steps=2)
+    fit_with_deadline(trainer, FIT_TIMEOUT_S)
+    assert demo.read_records(out)
+    # keyed by slice and torch_xla version; the only host writes the compiled programs
+    (version_dir,) = (cache / "v6e-8-2x4").iterdir()
+    assert version_dir.name.startswith("torch_xla-")
+    assert any(version_dir.iterdir()), "no compiled program was written to the cache"

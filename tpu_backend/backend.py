@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from typing import Any
 
 import ray
@@ -115,13 +116,11 @@ class TPUXLABackend(Backend):
         hostnames = tuple(by_host[h] for h in sorted(by_host))
         slice_name = next((p.slice_name for p in probes if p.slice_name), None)
 
+        visible = None
+        if cfg.compilation_cache_dir is not None and cfg.compilation_cache_readonly == "auto":
+            visible = self._cache_visibility(worker_group, cfg, assignments, labels)
         plans = []
         for i, a in enumerate(assignments):
-            readonly = (
-                cfg.compilation_cache_readonly
-                if isinstance(cfg.compilation_cache_readonly, bool)
-                else a.host_index != 0
-            )
             plans.append(
                 WorkerBootstrap(
                     spmd=cfg.spmd,
@@ -143,7 +142,8 @@ class TPUXLABackend(Backend):
                     pjrt_device=cfg.pjrt_device,
                     holds_tpu=bool(probes[i].tpu_ids),
                     cache_dir=cfg.compilation_cache_dir,
-                    cache_readonly=readonly,
+                    cache_readonly=cfg.compilation_cache_readonly,
+                    cache_visible=visible,
                 )
             )
         summaries = _gather(
@@ -163,6 +163,39 @@ class TPUXLABackend(Backend):
             first["mesh_shape"],
             first["axis_names"],
         )
+
+    @staticmethod
+    def _cache_visibility(
+        worker_group: Any, cfg: TPUTorchConfig, assignments: list[Any], labels: list[str]
+    ) -> dict[int, list[int]]:
+        """For the 'auto' cache policy: every host leaves a marker in the cache directory,
+        then reports whose markers it sees (hosts sharing the directory see each other)."""
+        from tpu_backend import compile_cache
+
+        base = str(cfg.compilation_cache_dir)
+        token = uuid.uuid4().hex
+        n = len(assignments)
+        _gather(
+            [
+                worker_group.execute_single_async(
+                    i, compile_cache.mark_host, base, token, assignments[i].host_index
+                )
+                for i in range(n)
+            ],
+            cfg.bootstrap_timeout_s,
+            labels,
+            "compilation cache marker",
+        )
+        seen = _gather(
+            [
+                worker_group.execute_single_async(i, compile_cache.visible_hosts, base, token)
+                for i in range(n)
+            ],
+            cfg.bootstrap_timeout_s,
+            labels,
+            "compilation cache visibility",
+        )
+        return {assignments[i].host_index: list(seen[i]) for i in range(n)}
 
     def on_shutdown(self, worker_group: Any, backend_config: BackendConfig) -> None:
         n = len(worker_group)

@@ -248,7 +248,10 @@ class WorkerBootstrap:
     pjrt_device: str | None = None
     holds_tpu: bool = False
     cache_dir: str | None = None
-    cache_readonly: bool = False
+    cache_readonly: bool | str = "followers"
+    """A :data:`tpu_backend.compile_cache.READONLY_POLICIES` value."""
+    cache_visible: dict[int, list[int]] | None = None
+    """For the 'auto' policy: which hosts' markers each host saw."""
 
 
 def _set_env(env: dict[str, str], *, override: bool) -> None:
@@ -313,12 +316,6 @@ def _tpu_env(b: WorkerBootstrap) -> dict[str, str]:
     return env
 
 
-def _cache_path(b: WorkerBootstrap, version: str) -> str:
-    spec = b.spec
-    slice_key = f"{spec.pod_type}-{spec.topology}" if spec is not None else "single-host"
-    return os.path.join(str(b.cache_dir), slice_key, f"torch_xla-{version}")
-
-
 def bootstrap_worker(b: WorkerBootstrap) -> dict[str, Any]:
     """Runs on a worker: set up torch_xla, the process group and the mesh.
 
@@ -351,7 +348,7 @@ def bootstrap_worker(b: WorkerBootstrap) -> dict[str, Any]:
         os.environ.setdefault("TORCHELASTIC_RUN_ID", f"ray-{b.master_addr}-{b.master_port}")
 
     try:
-        import torch_xla
+        import torch_xla  # noqa: F401 - the runtime must import before anything else here
         import torch_xla.runtime as xr
     except ImportError as e:
         raise BootstrapError(
@@ -359,8 +356,17 @@ def bootstrap_worker(b: WorkerBootstrap) -> dict[str, Any]:
             f"host (pip install 'torch_xla[tpu]==2.9.0' on TPU VMs)"
         ) from e
 
+    cache_path = None
     if b.cache_dir is not None:
-        xr.initialize_cache(_cache_path(b, torch_xla.__version__), readonly=b.cache_readonly)
+        from tpu_backend import compile_cache
+
+        cache_path, _ = compile_cache.initialize_cache(
+            b.cache_dir,
+            spec=b.spec,
+            host_index=a.host_index,
+            readonly=b.cache_readonly,  # type: ignore[arg-type]
+            visible=b.cache_visible,
+        )
 
     timeout = timedelta(seconds=b.timeout_s)
     mesh = None
@@ -434,6 +440,7 @@ def bootstrap_worker(b: WorkerBootstrap) -> dict[str, Any]:
         "axis_names": state.axis_names,
         "device_type": state.device_type,
         "process_group_backend": state.process_group_backend,
+        "compilation_cache": cache_path,
     }
 
 

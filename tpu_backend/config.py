@@ -69,8 +69,10 @@ class TPUTorchConfig(TorchConfig):
         compilation_cache_dir: Initialize torch_xla's persistent compilation cache under
             this directory on every worker (``xr.initialize_cache``, before any
             computation), in a subdirectory keyed by slice and torch_xla version.
-        compilation_cache_readonly: Open the cache read-only on every host except host 0
-            (``'followers'``), on all hosts (True) or on none (False).
+        compilation_cache_readonly: Who writes the cache
+            (:mod:`tpu_backend.compile_cache`): ``'followers'`` (host 0 writes, the others
+            read; right for a shared directory), ``'auto'`` (one writer per directory the
+            hosts share, found with marker files), True (nobody writes), False (all write).
         pjrt_device: Force ``PJRT_DEVICE`` on the workers.  Default: leave the worker's
             value; set ``'TPU'`` when the worker holds TPU chips and none is set.
         bootstrap_timeout_s: Bound on worker bootstrap (host discovery, runtime start,
@@ -162,10 +164,13 @@ class TPUTorchConfig(TorchConfig):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise ValueError(f"{name} {value!r} is not valid: expected a positive number")
-        if self.compilation_cache_readonly not in (True, False, "followers"):
+        if self.compilation_cache_readonly not in (True, False, "followers", "auto") or (
+            self.compilation_cache_readonly in (0, 1)
+            and not isinstance(self.compilation_cache_readonly, bool)
+        ):
             raise ValueError(
                 f"compilation_cache_readonly {self.compilation_cache_readonly!r} is not "
-                f"valid; valid: True, False, 'followers'"
+                f"valid; valid: True, False, 'followers', 'auto'"
             )
         if self.compilation_cache_dir is not None and not (
             isinstance(self.compilation_cache_dir, str) and self.compilation_cache_dir
