@@ -60,11 +60,18 @@ TRAIN_STEP = textwrap.dedent(
         # a host-local tensor sharded by every host: each device keeps its owner host's rows
         mine = torch.full((n, 2), float(host)).to(torch_xla.device())
         xs.mark_sharding(mine, mesh, ("data", None))
+        # each host loads its devices' shards; every host then sees all of them
+        st = xs.mark_sharding(torch.zeros(n, 2).to(torch_xla.device()), mesh, ("data", None))
+        shards = st.local_shards
+        for s in shards:
+            s.data.fill_(100 * host + int(s.shard_device.split(":")[1]))
+        st.load_local_shards_(shards)
         print(json.dumps({
             "host": host,
             "losses": losses,
             "global_batch_shape": list(xb.shape),
             "owners": mine.cpu()[:, 0].tolist(),
+            "loaded": st.global_tensor.cpu()[:, 0].tolist(),
             "weight": model.weight.detach().cpu().flatten().tolist(),
         }))
     """
@@ -145,6 +152,7 @@ def test_hosts_compute_the_global_step(topology, accelerator, num_hosts, num_dev
         assert r["weight"] == pytest.approx(weight, rel=1e-6), f"host {h}"
         # device d belongs to host d // per_host, whose copy held the value of its index
         assert r["owners"] == [float(d // per_host) for d in range(num_devices)]
+        assert r["loaded"] == [float(100 * (d // per_host) + d) for d in range(num_devices)]
     # and the hosts agree bit for bit
     assert all(r["losses"] == results[0]["losses"] for r in results)
 

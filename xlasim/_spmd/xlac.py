@@ -261,9 +261,24 @@ def _load_local_shards(t: Any, shards: Sequence[torch.Tensor], devices: Sequence
             )
     value = _global_value(x).clone()
     ordinals = [_ordinal(d) for d in devices]
+    shards, ordinals = _gather_shards(rt, shards, ordinals)
     _place_shards(value, sharding, shards, ordinals)
     x._elem = value
     x._node = None
+
+
+def _gather_shards(
+    rt: Any, shards: Sequence[torch.Tensor], ordinals: Sequence[int]
+) -> tuple[list[torch.Tensor], list[int]]:
+    """Every host's local shards and their device ordinals (each host holds the global value,
+    so it needs the shards the other hosts loaded into their devices)."""
+    if rt.spec.num_hosts == 1:
+        return list(shards), list(ordinals)
+    stacked = hosts.all_gather(rt, torch.stack([s.detach() for s in shards]))
+    where = hosts.all_gather(rt, torch.tensor(list(ordinals), dtype=torch.int64))
+    all_shards = [piece for host_shards in stacked for piece in host_shards]
+    all_ordinals = [int(o) for host_ordinals in where for o in host_ordinals]
+    return all_shards, all_ordinals
 
 
 def _place_shards(
@@ -315,13 +330,12 @@ def _global_tensor_from_cpu_shards(
                 f"Input shard shape must include padding: {_shape_text(shard.shape)} vs "
                 f"{_shape_text(expected)}",
             )
-    if rt.spec.num_hosts > 1 and spec.op.proto_type != ProtoType.REPLICATED:
-        raise NotImplementedError(
-            "_global_tensor_from_cpu_shards on a multi-host slice: the other hosts' shards "
-            "are not exchanged by the simulator"
-        )
     value = torch.zeros(spec.shape, dtype=shards[0].dtype)
-    _place_shards(value, spec, shards, local)
+    if spec.op.proto_type == ProtoType.REPLICATED:
+        value.copy_(shards[0])  # each host reads back its own replica
+    else:
+        all_shards, ordinals = _gather_shards(rt, shards, local)
+        _place_shards(value, spec, all_shards, ordinals)
     tensor_mod = _tensor_module()
     out = tensor_mod.wrap_data(value, None)
     memory.check_fits(rt, out, spec)
