@@ -10,6 +10,7 @@ kernels for the XLA key are registered from Python while a simulation is active,
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 import zlib
@@ -41,9 +42,9 @@ _guard_ready = False
 
 
 def _extension_name() -> str:
-    # Keyed by torch version and source, so processes running different versions of the
-    # source never share (and clobber) one build directory.
-    digest = zlib.crc32(_GUARD_SOURCE.encode())
+    # Keyed by torch version, torch install and source: the build files name the install's
+    # paths, and processes running different sources must not rebuild over each other.
+    digest = zlib.crc32((_GUARD_SOURCE + os.path.dirname(torch.__file__)).encode())
     version = re.sub(r"\W", "_", torch.__version__)
     return f"xlasim_xla_{version}_{digest:08x}"
 
@@ -56,21 +57,31 @@ def ensure_device_guard() -> None:
     with _lock:
         if _guard_ready:
             return
+        from filelock import FileLock
         from torch.utils import cpp_extension
 
         # Built under torch's extension cache (TORCH_EXTENSIONS_DIR to move it).
-        try:
-            cpp_extension.load_inline(
-                name=_extension_name(),
-                cpp_sources=[_GUARD_SOURCE],
-                is_python_module=False,
-                verbose=False,
-            )
-        except (RuntimeError, OSError) as exc:  # compiler or ninja missing
-            raise RuntimeError(
-                "xlasim could not build its XLA device-guard extension (it needs a C++ compiler "
-                "such as g++ and the `ninja` package): " + str(exc)
-            ) from exc
+        name = _extension_name()
+        build_dir = cpp_extension._get_build_directory(name, verbose=False)
+        # torch's own build lock is a plain file that outlives a process killed mid-build and
+        # then blocks every later one; an OS lock dies with its holder, so while we hold it any
+        # torch lock left in the directory is stale.
+        with FileLock(os.path.join(build_dir, "xlasim-build.lock")):
+            stale = os.path.join(build_dir, "lock")
+            if os.path.exists(stale):
+                os.remove(stale)
+            try:
+                cpp_extension.load_inline(
+                    name=name,
+                    cpp_sources=[_GUARD_SOURCE],
+                    is_python_module=False,
+                    verbose=False,
+                )
+            except (RuntimeError, OSError) as exc:  # compiler or ninja missing
+                raise RuntimeError(
+                    "xlasim could not build its XLA device-guard extension (it needs a C++ "
+                    "compiler such as g++ and the `ninja` package): " + str(exc)
+                ) from exc
         _guard_ready = True
 
 
