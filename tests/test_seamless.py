@@ -69,8 +69,8 @@ def same_loop(config: dict | None = None) -> dict:
         "cache": None if not trainer.is_xla else trainer.compile_stats().as_dict(),
     }
     out = config.get("out_dir")
-    if out and trainer.is_main_process:
-        Path(out, "result.json").write_text(json.dumps(result))
+    if out:
+        Path(out, f"result{trainer.process_index}.json").write_text(json.dumps(result))
     return result
 
 
@@ -366,7 +366,7 @@ def test_same_loop_in_ray_train_on_gloo_and_on_a_simulated_slice(tmp_path):
         fit_with_deadline(trainer, 300)
     finally:
         ray.shutdown()
-    gloo = json.loads((gloo_out / "result.json").read_text())
+    gloo = json.loads((gloo_out / "result0.json").read_text())
     assert gloo["kind"] == "cpu" and gloo["num_processes"] == 2
 
     # (b) tpu_backend.TorchTrainer on a simulated single-host v6e 2x2 slice (SPMD, 4 chips)
@@ -382,7 +382,7 @@ def test_same_loop_in_ray_train_on_gloo_and_on_a_simulated_slice(tmp_path):
             run_config=RunConfig(storage_path=str(tmp_path / "ray_tpu")),
         )
         fit_with_deadline(trainer, 300)
-    tpu = json.loads((tpu_out / "result.json").read_text())
+    tpu = json.loads((tpu_out / "result0.json").read_text())
     assert tpu["kind"] == "xla" and tpu["spmd"] is True
 
     assert len(gloo["losses"]) == len(tpu["losses"]) == 8
@@ -427,7 +427,7 @@ def test_backend_compile_cache_makes_the_second_run_compile_nothing(tmp_path):
                 run_config=RunConfig(storage_path=str(tmp_path / f"ray{run}")),
             )
             fit_with_deadline(trainer, 300)
-            results.append(json.loads((out / "result.json").read_text()))
+            results.append(json.loads((out / "result0.json").read_text()))
     first, second = (r["cache"] for r in results)
     assert first["persistent_cache_dir"].startswith(str(cache_dir))
     assert "v6e-4-2x2" in first["persistent_cache_dir"]
@@ -436,3 +436,39 @@ def test_backend_compile_cache_makes_the_second_run_compile_nothing(tmp_path):
     assert second["persistent_hits"] == 1 and second["persistent_misses"] == 0
     assert second["compiles"] == 0
     assert results[1]["losses"] == results[0]["losses"]
+
+
+@pytest.mark.timeout(900)
+def test_same_loop_on_a_multi_host_simulated_slice(tmp_path):
+    """v4-16 (2 hosts x 4 chips, mesh (2, 4) over ('data', 'model')): every host runs the
+    loop on the same global batch and sees the loss curve of the CPU run."""
+    pytest.importorskip("ray.train")
+    import ray
+    import ray.cloudpickle
+    from ray.train import RunConfig, ScalingConfig
+
+    import tpu_backend
+    from xlasim.ray_cluster import fit_with_deadline, simulated_tpu_cluster
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    if ray.is_initialized():
+        ray.shutdown()
+    cpu = same_loop({"settings": {"device": "cpu"}})
+    out = tmp_path / "v4-16"
+    out.mkdir()
+    with simulated_tpu_cluster("2x2x2", "v4", startup_timeout_s=120):
+        trainer = tpu_backend.TorchTrainer(
+            _ray_loop,
+            train_loop_config={"out_dir": str(out)},
+            scaling_config=ScalingConfig(
+                use_tpu=True, topology="2x2x2", accelerator_type="TPU-V4", num_workers=2
+            ),
+            run_config=RunConfig(storage_path=str(tmp_path / "ray")),
+        )
+        fit_with_deadline(trainer, 400)
+    hosts = [json.loads((out / f"result{h}.json").read_text()) for h in (0, 1)]
+    for host in hosts:
+        assert host["kind"] == "xla" and host["spmd"] and host["num_processes"] == 2
+        assert host["losses"] == pytest.approx(cpu["losses"], rel=RTOL)
+        _assert_one_graph_per_step(host["stats"])
+    assert hosts[0]["losses"] == hosts[1]["losses"]
