@@ -29,6 +29,11 @@ from tpu_backend.seamless import SeamlessTPUTrainer, detect_device, to_device
 GLOBAL_BATCH = 16
 RTOL = 1e-5
 
+# PyTorch's autograd engine sizes its per-device queues at the first backward of the
+# process; register the simulated XLA device before any test here runs a CPU backward.
+with xlasim.simulate("2x2"):
+    pass
+
 
 def same_loop(config: dict | None = None) -> dict:
     """The user's training function: no torch_xla, no device checks."""
