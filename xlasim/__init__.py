@@ -2,7 +2,45 @@
 
 from xlasim._activation import is_active, simulate
 
-__all__ = ["current_runtime", "is_active", "simulate"]
+__all__ = [
+    "InputChange",
+    "RecompilationError",
+    "RecompilationReport",
+    "assert_no_recompilation",
+    "chip_memory",
+    "clear_recompilations",
+    "current_runtime",
+    "enforce_hbm",
+    "is_active",
+    "recompilation_report",
+    "recompilations",
+    "simulate",
+]
+
+# Loaded on first use: `import xlasim` runs in every pytest session (the plugin) and at
+# interpreter start under env activation, so it must not import torch.
+_LAZY = {
+    "InputChange": "xlasim.recompilation",
+    "RecompilationError": "xlasim.recompilation",
+    "RecompilationReport": "xlasim.recompilation",
+    "assert_no_recompilation": "xlasim.recompilation",
+    "clear_recompilations": "xlasim.recompilation",
+    "recompilation_report": "xlasim.recompilation",
+    "recompilations": "xlasim.recompilation",
+    "chip_memory": "xlasim._spmd.memory",
+    "enforce_hbm": "xlasim._spmd.memory",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'xlasim' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
 
 
 def current_runtime():

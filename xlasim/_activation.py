@@ -163,8 +163,8 @@ class simulate:  # noqa: N801 - used like a function: `with xlasim.simulate(...)
                     _swap_out()
                     raise
             runtime.save_env()
-            # Inside the simulation torch_xla would see a TPU; never a stray CPU selection.
-            os.environ.pop("PJRT_DEVICE", None)
+            # On a TPU VM `import torch_xla` selects PJRT_DEVICE=TPU; so does the simulation.
+            os.environ["PJRT_DEVICE"] = "TPU"
             _runtime.push(runtime)
             _entries.append(self)
             self._runtimes.append(runtime)

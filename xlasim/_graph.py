@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from xlasim._spmd.tensor_sharding import TensorSharding
+
 if TYPE_CHECKING:
     from xlasim._runtime import SimRuntime
 
@@ -277,10 +279,11 @@ class GraphCache:
                 metrics.add_sample("CompileTime", time.perf_counter_ns() - start)
         self.last_at_site[site] = record
         record.executions += 1
-        for t in tensors:
-            t._node = None
         if self._runtime.spmd:
             _settle_output_shardings(tensors)
+        for t in tensors:
+            t._node = None
+            t._aliased = False
         # PJRT counts an SPMD (virtual device) program as a replicated execution.
         if self._runtime.spmd:
             metrics.inc("ExecuteReplicated")
@@ -293,13 +296,37 @@ class GraphCache:
 def _settle_output_shardings(tensors: list[Any]) -> None:
     """Graph outputs of an SPMD program carry the sharding XLA gave them.
 
-    The simulator does not run XLA's sharding propagation: outputs without an annotation come
-    back replicated, which is what real torch_xla reports for values computed from replicated
-    ones (parameters after an optimizer step, losses). Because of it a parameter first used
-    unannotated recompiles once, as on the real runtime.
+    The simulator does not run XLA's sharding propagation; it gives outputs the sharding real
+    torch_xla reports where that can be derived exactly (replicated when nothing upstream is
+    sharded, the input's for elementwise ops, replicated for rank 0). Anything else becomes an
+    ``UnderivedSharding``: computed as replicated, but asking for its spec raises
+    NotImplementedError instead of inventing one. Tensors updated in place keep theirs.
     """
-    from xlasim._spmd import OpSharding, TensorSharding
+    from xlasim._spmd import OpSharding, propagation
 
     for t in tensors:
-        if t._sharding is None:
-            t._sharding = TensorSharding(OpSharding.replicated(), t.shape)
+        if t._sharding is None and t._aliased:
+            # Updated in place: XLA aliases the input buffer, and an unannotated SPMD input
+            # is replicated (how real torch_xla reports parameters after an optimizer step).
+            t._sharding = TensorSharding(OpSharding.replicated(), tuple(t.shape))
+        elif t._sharding is None:
+            sharding = propagation.output_sharding(t)
+            if sharding is propagation.UNKNOWN:
+                sharding = UnderivedSharding(OpSharding.replicated(), tuple(t.shape))
+            t._sharding = sharding
+
+
+class UnderivedSharding(TensorSharding):
+    """An SPMD graph output's sharding that only XLA's propagation could tell."""
+
+    __slots__ = ()
+
+    def spec_string(self) -> str:
+        raise NotImplementedError(
+            "xlasim does not simulate XLA's sharding propagation: the sharding real torch_xla "
+            f"reports for this graph output (shape {list(self.shape)}) is GSPMD's choice; "
+            "annotate the tensor with mark_sharding to fix it"
+        )
+
+    def __repr__(self) -> str:
+        return f"UnderivedSharding(shape={self.shape})"

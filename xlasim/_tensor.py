@@ -43,8 +43,9 @@ class XlaSimTensor(torch.Tensor):
 
     _seq: int
     _leaf: Any
+    _aliased: bool
 
-    __slots__ = ("_elem", "_node", "_sharding", "_seq", "_leaf")
+    __slots__ = ("_elem", "_node", "_sharding", "_seq", "_leaf", "_aliased")
 
     @staticmethod
     def __new__(cls, elem: torch.Tensor, device: torch.device, node: Node | None = None):
@@ -62,6 +63,8 @@ class XlaSimTensor(torch.Tensor):
         r._node = node
         r._sharding = None
         r._leaf = None
+        # True while pending IR updates device data in place (XLA aliases that buffer).
+        r._aliased = False
         # torch_xla orders a graph's outputs by tensor creation; so do we.
         r._seq = next(_creation_order)
         return r
@@ -119,7 +122,7 @@ class XlaSimTensor(torch.Tensor):
 def _leaf_key(t: XlaSimTensor) -> tuple[Any, ...]:
     """A device-data input as the graph hash sees it (made an ``InputInfo`` only on demand)."""
     sharding = t._sharding
-    return (tuple(t.shape), t.dtype, sharding.spec_string() if sharding else "")
+    return (tuple(t.shape), t.dtype, sharding.op.to_string() if sharding else "")
 
 
 def _arg_key(a: Any) -> Any:
@@ -243,6 +246,8 @@ def _wrap_output(o, index, func, base, inputs, device, elems, pending):
         if existing.shape != o.shape or existing.stride() != o.stride():
             set_wrapper_meta(existing, o)
             existing._leaf = None
+        if existing._node is None:
+            existing._aliased = True
         existing._node = node
         pending.append(weakref.ref(existing))
         return existing
@@ -324,6 +329,9 @@ def _copy_(func, args, kwargs):
         dst._elem.copy_(src, **kwargs)
         dst._node = None
         runtime.metrics.add_sample("TransferToDeviceTime", time.perf_counter_ns() - start)
+        from xlasim._spmd import memory
+
+        memory.check_fits(runtime, dst, None)
         return dst
     if not isinstance(dst, XlaSimTensor):
         materialize([src])

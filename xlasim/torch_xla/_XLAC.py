@@ -34,6 +34,10 @@ def _xla_real_devices() -> list[str]:
     return _rt().real_devices()
 
 
+def _xla_get_runtime_devices() -> list[str]:
+    return _rt().real_devices()
+
+
 def _xla_get_all_devices() -> list[str]:
     rt = _rt()
     ids = [0] if rt.spmd else rt.global_device_ids()
@@ -123,17 +127,10 @@ def _xla_tensors_from_aten(
         x = _tensor.wrap_data(t.detach().clone(), torch.device(device))
         rt.metrics.add_sample("TransferToDeviceTime", time.perf_counter_ns() - start)
         sharding = shardings[i] if shardings else None
-        if sharding is not None:
-            from xlasim._spmd import xlac
+        from xlasim._spmd import xlac
 
-            if tuple(sharding.shape) != tuple(x.shape):
-                # A minibatch: this host holds only its part of the global batch.
-                raise NotImplementedError(
-                    f"xlasim does not simulate minibatch input sharding across "
-                    f"{rt.spec.num_hosts} hosts in one process (global shape "
-                    f"{list(sharding.shape)}, this host's part {list(x.shape)})"
-                )
-            xlac._xla_mark_sharding(x, sharding.op)
+        # Placement (replicated under SPMD, minibatch assembly across hosts, HBM check).
+        x = xlac.place_input(x, sharding)
         out.append(x)
     return out
 

@@ -1,4 +1,7 @@
-"""Simulated ``torch_xla.runtime``: queries derived from the slice and this process's host."""
+"""Simulated ``torch_xla.runtime``: queries derived from the slice and this process's host.
+
+PYTEST_DONT_REWRITE: its asserts must read exactly as torch_xla's.
+"""
 
 from __future__ import annotations
 

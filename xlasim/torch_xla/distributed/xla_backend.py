@@ -2,6 +2,8 @@
 # (torch's ProcessGroup stubs do not describe the Python-subclass protocol torch_xla uses.)
 """The ``xla`` torch.distributed backend of the simulator.
 
+PYTEST_DONT_REWRITE: its asserts must read exactly as torch_xla's.
+
 Collectives move the simulated device tensors' values through a gloo group built on the same
 store, so processes of a simulated slice really exchange data; results are copied back into the
 ``xla`` tensors, which is what the real backend's collectives leave behind.
