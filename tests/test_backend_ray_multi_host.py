@@ -18,7 +18,8 @@ import ray  # noqa: E402
 from xlasim import demo  # noqa: E402
 from xlasim.ray_cluster import simulated_tpu_cluster  # noqa: E402
 
-pytestmark = pytest.mark.timeout(900)
+# One Ray cluster at a time on this machine: xdist runs the "ray" group on one worker.
+pytestmark = [pytest.mark.timeout(900), pytest.mark.xdist_group("ray")]
 
 
 @pytest.mark.parametrize(
@@ -32,9 +33,15 @@ pytestmark = pytest.mark.timeout(900)
 def test_spmd_training_on_every_host(topology, accelerator, hosts, devices, mesh, tmp_path):
     with simulated_tpu_cluster(topology, accelerator, startup_timeout_s=180) as cluster:
         assert cluster.spec.num_hosts == hosts
-        _, records = demo.run(topology, accelerator, steps=4, batch=32,
-                              out_dir=str(tmp_path / "records"),
-                              storage_path=str(tmp_path / "ray_results"), fit_timeout_s=600)
+        _, records = demo.run(
+            topology,
+            accelerator,
+            steps=4,
+            batch=32,
+            out_dir=str(tmp_path / "records"),
+            storage_path=str(tmp_path / "ray_results"),
+            fit_timeout_s=600,
+        )
     assert not ray.is_initialized()
 
     # one worker per host, each with its own host index = its TPU worker id

@@ -22,7 +22,8 @@ from xlasim.ray_cluster import (  # noqa: E402
 )
 
 FIT_TIMEOUT_S = 300
-pytestmark = pytest.mark.timeout(900)
+# One Ray cluster at a time on this machine: xdist runs the "ray" group on one worker.
+pytestmark = [pytest.mark.timeout(900), pytest.mark.xdist_group("ray")]
 
 
 @pytest.fixture(scope="module")
@@ -87,8 +88,9 @@ def test_mesh_override_reaches_the_worker(v6e_8_cluster, tmp_path):
 def test_config_for_a_different_host_fails_fast(v6e_8_cluster, tmp_path):
     # The config says v6e 2x2 (4 chips) but the worker lands on this v6e-8 host.
     cfg = tpu_backend.TPUTorchConfig(topology="2x2", accelerator="v6e")
-    scaling = ScalingConfig(use_tpu=True, num_workers=1, resources_per_worker={"TPU": 4},
-                            accelerator_type="TPU-V6E")
+    scaling = ScalingConfig(
+        use_tpu=True, num_workers=1, resources_per_worker={"TPU": 4}, accelerator_type="TPU-V6E"
+    )
     trainer, _ = _trainer(tmp_path, torch_config=cfg, scaling=scaling)
     with pytest.raises(Exception) as info:  # noqa: B017 - Ray's wrapper type varies
         fit_with_deadline(trainer, FIT_TIMEOUT_S)
@@ -117,8 +119,9 @@ def test_plain_ray_trainer_with_our_config(v6e_8_cluster, tmp_path):
         demo.train_loop,
         train_loop_config={"steps": 2, "batch": 32, "out_dir": str(out)},
         torch_config=cfg,
-        scaling_config=ScalingConfig(use_tpu=True, topology="2x4", accelerator_type="TPU-V6E",
-                                     num_workers=1),
+        scaling_config=ScalingConfig(
+            use_tpu=True, topology="2x4", accelerator_type="TPU-V6E", num_workers=1
+        ),
         run_config=RunConfig(storage_path=str(tmp_path / "ray_results")),
     )
     assert cfg.backend == "gloo"  # Ray did not rewrite it to 'tpu_dist'
@@ -129,8 +132,9 @@ def test_plain_ray_trainer_with_our_config(v6e_8_cluster, tmp_path):
 
 def test_compilation_cache_is_opened_at_bootstrap(v6e_8_cluster, tmp_path):
     cache = tmp_path / "xla-cache"
-    cfg = tpu_backend.TPUTorchConfig(compilation_cache_dir=str(cache),
-                                     compilation_cache_readonly="auto")
+    cfg = tpu_backend.TPUTorchConfig(
+        compilation_cache_dir=str(cache), compilation_cache_readonly="auto"
+    )
     trainer, out = _trainer(tmp_path, torch_config=cfg, steps=2)
     fit_with_deadline(trainer, FIT_TIMEOUT_S)
     assert demo.read_records(out)

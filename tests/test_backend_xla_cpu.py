@@ -23,6 +23,7 @@ def _real_torch_xla() -> bool:
 pytestmark = [
     pytest.mark.xla_cpu,
     pytest.mark.timeout(900),
+    pytest.mark.xdist_group("ray"),  # one Ray cluster at a time on this machine
     pytest.mark.skipif(not _real_torch_xla(), reason="real torch_xla 2.9 is not installed"),
 ]
 
@@ -100,8 +101,17 @@ def _non_spmd_loop(config):
     dist.all_reduce(t)
     torch_xla.sync()
     with open(os.path.join(config["out_dir"], "non_spmd.txt"), "w") as f:
-        f.write(repr((tpu_backend.get_xla_mesh(), tpu_backend.is_xla_backend(), xr.is_spmd(),
-                      dist.get_backend(), t.cpu().tolist())))
+        f.write(
+            repr(
+                (
+                    tpu_backend.get_xla_mesh(),
+                    tpu_backend.is_xla_backend(),
+                    xr.is_spmd(),
+                    dist.get_backend(),
+                    t.cpu().tolist(),
+                )
+            )
+        )
 
 
 def test_xla_process_group_without_spmd(local_ray, tmp_path):

@@ -16,7 +16,8 @@ from xlasim.ray_cluster import (  # noqa: E402
     simulated_tpu_cluster,
 )
 
-pytestmark = pytest.mark.timeout(600)
+# One Ray cluster at a time on this machine: xdist runs the "ray" group on one worker.
+pytestmark = [pytest.mark.timeout(600), pytest.mark.xdist_group("ray")]
 
 
 @pytest.fixture
@@ -68,8 +69,10 @@ def test_runtime_env_expands_node_values():
 
 
 def test_bad_slice_fails_before_anything_starts():
-    with pytest.raises(ValueError, match="topology '2x2' has 2 dimensions but v4"), \
-            simulated_tpu_cluster("2x2", "v4"):
+    with (
+        pytest.raises(ValueError, match="topology '2x2' has 2 dimensions but v4"),
+        simulated_tpu_cluster("2x2", "v4"),
+    ):
         pass
     assert not ray.is_initialized()
 
@@ -116,8 +119,9 @@ def test_rays_tpu_placement_runs_unchanged(tpu_ray_cluster):
     remove_placement_group(head_pg)
 
     # ...and SlicePlacementGroup gang-schedules one bundle per host
-    spg = SlicePlacementGroup(topology="2x2x2", accelerator_version="v4",
-                              head_reservation_timeout_s=60)
+    spg = SlicePlacementGroup(
+        topology="2x2x2", accelerator_version="v4", head_reservation_timeout_s=60
+    )
     try:
         assert spg.num_hosts == 2
         ready, _ = ray.wait([spg.placement_group.ready()], timeout=120)

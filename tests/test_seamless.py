@@ -340,6 +340,7 @@ def _ray_loop(config):
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.xdist_group("ray")  # one Ray cluster at a time on this machine
 def test_same_loop_in_ray_train_on_gloo_and_on_a_simulated_slice(tmp_path):
     pytest.importorskip("ray.train")
     import ray

@@ -29,19 +29,31 @@ _LAZY = {
     "TorchTrainer": "tpu_backend.trainer",
     "TPUTorchConfig": "tpu_backend.config",
     "TPUXLABackend": "tpu_backend.backend",
+    "SeamlessTPUTrainer": "tpu_backend.seamless",
+    "detect_device": "tpu_backend.seamless",
+    "to_device": "tpu_backend.seamless",
+    "SeamlessConfig": "tpu_backend.precision",
+    "CompileCacheStats": "tpu_backend.compile_cache",
+    "compile_stats": "tpu_backend.compile_cache",
 }
 
 __all__ = [
+    "CompileCacheStats",
     "DEFAULT_ACCELERATOR",
+    "SeamlessConfig",
+    "SeamlessTPUTrainer",
     "SliceSpec",
     "TPUTorchConfig",
     "TPUXLABackend",
     "TorchTrainer",
+    "compile_stats",
     "default_mesh",
+    "detect_device",
     "get_xla_mesh",
     "get_xla_worker_state",
     "is_xla_backend",
     "parse_slice",
+    "to_device",
     "tpu_host_env",
 ]
 
