@@ -407,6 +407,19 @@ def xlasim_sim(request: pytest.FixtureRequest) -> Iterator[XlaTarget]:
     yield from _run_simulated(request, target)
 
 
+@pytest.fixture
+def tpu_ray_cluster(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A local Ray cluster whose nodes look like the hosts of a simulated TPU slice.
+
+    The slice comes from indirect parametrization (``"4x4"`` or ``("2x2x2", "v4")``), else the
+    topology mark, else a v4-16; the cluster is torn down even when the test fails. Ray is
+    imported only when a test asks for it.
+    """
+    from xlasim.ray_cluster import tpu_ray_cluster_fixture
+
+    yield from tpu_ray_cluster_fixture(request)
+
+
 # ---------------------------------------------------------------------------------------------
 # The target fixture
 
