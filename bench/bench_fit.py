@@ -91,8 +91,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-fit-") as tmp:
         t0 = time.monotonic()
         with simulated_tpu_cluster(spec.topology, spec.accelerator) as cluster:
-            print(f"fake-TPU cluster ({spec.pod_type}, {spec.num_hosts} host nodes) up in "
-                  f"{time.monotonic() - t0:.1f}s", flush=True)
+            print(
+                f"fake-TPU cluster ({spec.pod_type}, {spec.num_hosts} host nodes) up in "
+                f"{time.monotonic() - t0:.1f}s",
+                flush=True,
+            )
 
             def xla_trainer(stamp: str):
                 out = os.path.join(tmp, f"rec-{time.monotonic_ns()}")
@@ -101,11 +104,14 @@ def main(argv: list[str] | None = None) -> int:
                     demo.train_loop,
                     train_loop_config={"steps": args.steps, "batch": 64, "out_dir": out},
                     scaling_config=ScalingConfig(
-                        use_tpu=True, topology=spec.topology,
-                        accelerator_type=spec.ray_accelerator_type, num_workers=spec.num_hosts,
+                        use_tpu=True,
+                        topology=spec.topology,
+                        accelerator_type=spec.ray_accelerator_type,
+                        num_workers=spec.num_hosts,
                     ),
-                    run_config=RunConfig(storage_path=os.path.join(tmp, "rr"),
-                                         callbacks=[FirstReport(stamp)]),
+                    run_config=RunConfig(
+                        storage_path=os.path.join(tmp, "rr"), callbacks=[FirstReport(stamp)]
+                    ),
                 )
 
             def cpu_trainer(stamp: str):
@@ -113,16 +119,19 @@ def main(argv: list[str] | None = None) -> int:
                     cpu_train_loop,
                     train_loop_config={"steps": args.steps, "batch": 64},
                     scaling_config=ScalingConfig(num_workers=spec.num_hosts),
-                    run_config=RunConfig(storage_path=os.path.join(tmp, "rr"),
-                                         callbacks=[FirstReport(stamp)]),
+                    run_config=RunConfig(
+                        storage_path=os.path.join(tmp, "rr"), callbacks=[FirstReport(stamp)]
+                    ),
                 )
 
             for rep in range(args.repeats):
                 for label, make in (("xla", xla_trainer), ("cpu", cpu_trainer)):
                     first, total = _timed_fit(make, tmp, label, args.timeout)
                     results[label].append((first, total))
-                    print(f"run {rep + 1} {label:>3}: first report {first:6.1f}s, "
-                          f"fit {total:6.1f}s", flush=True)
+                    print(
+                        f"run {rep + 1} {label:>3}: first report {first:6.1f}s, fit {total:6.1f}s",
+                        flush=True,
+                    )
             del cluster
     assert not ray.is_initialized()
     med = {k: statistics.median(f for f, _ in v) for k, v in results.items()}

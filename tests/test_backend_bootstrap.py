@@ -58,8 +58,9 @@ def test_host_index_comes_from_tpu_worker_id_not_ray_rank():
 
 
 def test_conflicting_worker_ids_on_one_host():
-    with pytest.raises(BootstrapError, match="conflicting TPU worker ids: TPU_WORKER_ID=1, "
-                                             "ray.io/tpu-worker-id=0"):
+    with pytest.raises(
+        BootstrapError, match="conflicting TPU worker ids: TPU_WORKER_ID=1, ray.io/tpu-worker-id=0"
+    ):
         assign_hosts([probe("1", "0"), probe("0")], V4_16, spmd=True)
 
 
@@ -75,8 +76,9 @@ def test_duplicate_and_out_of_range_worker_ids():
 def test_missing_worker_id_is_fatal_only_on_multi_host():
     with pytest.raises(BootstrapError, match="no TPU worker id"):
         assign_hosts([probe(), probe("1")], V4_16, spmd=True)
-    (single,) = assign_hosts([probe(tpu_ids=[str(i) for i in range(8)])],
-                             parse_slice("2x4", "v6e"), spmd=True)
+    (single,) = assign_hosts(
+        [probe(tpu_ids=[str(i) for i in range(8)])], parse_slice("2x4", "v6e"), spmd=True
+    )
     assert (single.host_index, single.process_index, single.process_count) == (0, 0, 1)
     (cpu,) = assign_hosts([probe(tpu_ids=())], None, spmd=True)
     assert cpu.host_index == 0
@@ -88,7 +90,10 @@ def test_one_process_per_chip_without_spmd():
     ]
     got = assign_hosts(probes, V4_16, spmd=False)
     assert [(a.host_index, a.local_rank, a.process_index) for a in got[:4]] == [
-        (1, 2, 6), (1, 0, 4), (1, 3, 7), (1, 1, 5)
+        (1, 2, 6),
+        (1, 0, 4),
+        (1, 3, 7),
+        (1, 1, 5),
     ]
     assert sorted(a.process_index for a in got) == list(range(8))
     assert {a.local_world_size for a in got} == {4}
@@ -111,10 +116,19 @@ def _bootstrap(spec, host, local_rank, *, spmd, hostnames):
         local_world_size=spec.chips_per_host if not spmd else 1,
     )
     return WorkerBootstrap(
-        spmd=spmd, assignment=a, num_hosts=spec.num_hosts, master_addr=hostnames[0],
-        master_port=1234, init_method="xla" if not spmd else "env",
-        backend="xla" if not spmd else "gloo", timeout_s=60, spec=spec,
-        hostnames=tuple(hostnames), slice_name="slice-a", mesh_plan=None, holds_tpu=True,
+        spmd=spmd,
+        assignment=a,
+        num_hosts=spec.num_hosts,
+        master_addr=hostnames[0],
+        master_port=1234,
+        init_method="xla" if not spmd else "env",
+        backend="xla" if not spmd else "gloo",
+        timeout_s=60,
+        spec=spec,
+        hostnames=tuple(hostnames),
+        slice_name="slice-a",
+        mesh_plan=None,
+        holds_tpu=True,
     )
 
 
@@ -183,17 +197,35 @@ def test_per_chip_env_equals_real_torch_xla_configure_topology(monkeypatch):
             for local in range(spec.chips_per_host):
                 b = _bootstrap(spec, host, local, spmd=False, hostnames=hosts)
                 mine = _tpu_env(b)
-                ours.append({k: mine[k] for k in (
-                    "TPU_PROCESS_BOUNDS", "TPU_CHIPS_PER_PROCESS_BOUNDS", "TPU_VISIBLE_CHIPS",
-                    "TPU_PROCESS_PORT", "TPU_PROCESS_ADDRESSES", "CLOUD_TPU_TASK_ID")})
-                cases.append({
-                    "env": tpu_host_env(spec, host, hosts),
-                    "local_rank": local,
-                    "local_world_size": spec.chips_per_host,
-                })
+                ours.append(
+                    {
+                        k: mine[k]
+                        for k in (
+                            "TPU_PROCESS_BOUNDS",
+                            "TPU_CHIPS_PER_PROCESS_BOUNDS",
+                            "TPU_VISIBLE_CHIPS",
+                            "TPU_PROCESS_PORT",
+                            "TPU_PROCESS_ADDRESSES",
+                            "CLOUD_TPU_TASK_ID",
+                        )
+                    }
+                )
+                cases.append(
+                    {
+                        "env": tpu_host_env(spec, host, hosts),
+                        "local_rank": local,
+                        "local_world_size": spec.chips_per_host,
+                    }
+                )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TPU_", "XLASIM_"))}
-    proc = subprocess.run([sys.executable, "-c", _REAL_CONFIGURE], input=json.dumps(cases),
-                          capture_output=True, text=True, timeout=300, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-c", _REAL_CONFIGURE],
+        input=json.dumps(cases),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     real = json.loads(proc.stdout.strip().splitlines()[-1])
     mismatches = [(c, o, r) for c, o, r in zip(cases, ours, real, strict=True) if o != r]

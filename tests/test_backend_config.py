@@ -103,8 +103,14 @@ def test_default_mesh_per_slice(topology, accel, workers, shape, axes):
 
 
 def test_default_mesh_agrees_with_topology_model():
-    for topology, accel in [("2x2x2", "v4"), ("4x4", "v6e"), ("2x4", "v6e"), ("4x4", "v2"),
-                            ("2x2x1", "v5p"), ("8x8", "v5litepod")]:
+    for topology, accel in [
+        ("2x2x2", "v4"),
+        ("4x4", "v6e"),
+        ("2x4", "v6e"),
+        ("4x4", "v2"),
+        ("2x2x1", "v5p"),
+        ("8x8", "v5litepod"),
+    ]:
         spec = parse_slice(topology, accel)
         plan = plan_mesh(spec.num_devices, spec.num_hosts)
         assert (plan.shape, plan.axis_names) == default_mesh(spec)
@@ -116,16 +122,25 @@ def test_mesh_override_and_seed_keys():
     assert (plan.shape, plan.axis_names, plan.source) == ((2, 8), ("dp", "tp"), "mesh_shape")
     plan = TPUTorchConfig(mesh_shape=[16]).resolve(sc).mesh
     assert (plan.shape, plan.axis_names) == ((16,), ("data",))
-    plan = TPUTorchConfig(
-        xla_spmd_config={"data_parallel_size": 8, "model_parallel_size": 2}
-    ).resolve(sc).mesh
-    assert (plan.shape, plan.axis_names, plan.source) == ((8, 2), ("data", "model"),
-                                                          "xla_spmd_config")
+    plan = (
+        TPUTorchConfig(xla_spmd_config={"data_parallel_size": 8, "model_parallel_size": 2})
+        .resolve(sc)
+        .mesh
+    )
+    assert (plan.shape, plan.axis_names, plan.source) == (
+        (8, 2),
+        ("data", "model"),
+        "xla_spmd_config",
+    )
     plan = TPUTorchConfig(xla_spmd_config={"model_parallel_size": 4}).resolve(sc).mesh
     assert plan.shape == (4, 4)
-    plan = TPUTorchConfig(
-        mesh_shape=(2, 8), xla_spmd_config={"mesh_shape": (2, 8), "partitioning_mode": "manual"}
-    ).resolve(sc).mesh
+    plan = (
+        TPUTorchConfig(
+            mesh_shape=(2, 8), xla_spmd_config={"mesh_shape": (2, 8), "partitioning_mode": "manual"}
+        )
+        .resolve(sc)
+        .mesh
+    )
     assert plan.shape == (2, 8)
 
 
@@ -157,8 +172,10 @@ def test_to_dict_carries_the_xla_settings():
         ({"xla_spmd_config": {"partitioning_mode": "magic"}}, "'magic' is not valid"),
         ({"xla_spmd_config": {"mesh_shape": (2, 4), "data_parallel_size": 4}}, "contradicts"),
         ({"mesh_shape": (2, 4), "xla_spmd_config": {"mesh_shape": (4, 2)}}, "contradicts"),
-        ({"mesh_shape": (2, 4), "xla_spmd_config": {"partitioning_mode": "auto"}},
-         "'auto'.*cannot be combined"),
+        (
+            {"mesh_shape": (2, 4), "xla_spmd_config": {"partitioning_mode": "auto"}},
+            "'auto'.*cannot be combined",
+        ),
         ({"timeout_s": 0}, "timeout_s 0 is not valid"),
         ({"bootstrap_timeout_s": -1}, "bootstrap_timeout_s -1 is not valid"),
         ({"topology": "4x"}, "topology '4x' is not valid"),
@@ -184,14 +201,22 @@ def test_bad_config_alone(kwargs, pattern):
         ({}, ("4x4", "TPU-V6E", 8), r"num_workers=8 does not match v6e-16.*4 host.*2 slices"),
         (dict(spmd=False), ("2x2x2", "TPU-V4", 2), "which has 8 chips.*one process per chip"),
         # mesh that does not cover the devices
-        (dict(mesh_shape=(2, 2)), ("2x2x2", "TPU-V4", 2),
-         r"mesh_shape \(2, 2\) covers 4 devices but the slice v4-16 \(2x2x2\) has 8"),
-        (dict(xla_spmd_config={"data_parallel_size": 3}), ("4x4", "TPU-V6E", 4),
-         "data_parallel_size=3 does not divide the 16"),
-        (dict(xla_spmd_config={"data_parallel_size": 4, "model_parallel_size": 2}),
-         ("4x4", "TPU-V6E", 4), r"covers 8 devices .* has 16"),
-        (dict(axis_names=("a", "b", "c")), ("2x2x2", "TPU-V4", 2),
-         "3 names but the default mesh"),
+        (
+            dict(mesh_shape=(2, 2)),
+            ("2x2x2", "TPU-V4", 2),
+            r"mesh_shape \(2, 2\) covers 4 devices but the slice v4-16 \(2x2x2\) has 8",
+        ),
+        (
+            dict(xla_spmd_config={"data_parallel_size": 3}),
+            ("4x4", "TPU-V6E", 4),
+            "data_parallel_size=3 does not divide the 16",
+        ),
+        (
+            dict(xla_spmd_config={"data_parallel_size": 4, "model_parallel_size": 2}),
+            ("4x4", "TPU-V6E", 4),
+            r"covers 8 devices .* has 16",
+        ),
+        (dict(axis_names=("a", "b", "c")), ("2x2x2", "TPU-V4", 2), "3 names but the default mesh"),
     ],
 )
 def test_bad_config_against_slice(config, scaling, pattern):
@@ -242,6 +267,7 @@ def test_import_is_light():
         print(",".join(heavy))
         """
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
     assert out.stdout.strip() == ""

@@ -100,9 +100,13 @@ class TPUXLABackend(Backend):
             spec = spec_from_probes(probes)
             if spec is not None:
                 resolved = cfg.resolve(
-                    _Layout(topology=spec.topology, accelerator_type=spec.accelerator,
-                            num_workers=n, use_tpu=any(p.tpu_ids for p in probes),
-                            resources_per_worker={"TPU": len(probes[0].tpu_ids)})
+                    _Layout(
+                        topology=spec.topology,
+                        accelerator_type=spec.accelerator,
+                        num_workers=n,
+                        use_tpu=any(p.tpu_ids for p in probes),
+                        resources_per_worker={"TPU": len(probes[0].tpu_ids)},
+                    )
                 )
         assignments = assign_hosts(probes, spec, cfg.spmd)
         labels = [

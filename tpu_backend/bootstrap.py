@@ -376,11 +376,7 @@ def bootstrap_worker(b: WorkerBootstrap) -> dict[str, Any]:
             xr.use_spmd(auto=True)
         else:
             xr.use_spmd()
-        url = (
-            "env://"
-            if b.init_method == "env"
-            else f"tcp://{b.master_addr}:{b.master_port}"
-        )
+        url = "env://" if b.init_method == "env" else f"tcp://{b.master_addr}:{b.master_port}"
         if not dist.is_initialized():
             dist.init_process_group(
                 backend=b.backend,

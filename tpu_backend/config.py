@@ -240,9 +240,13 @@ class TPUTorchConfig(TorchConfig):
         accelerator = self.accelerator
         sc_topology = getattr(scaling_config, "topology", None)
         sc_accel = getattr(scaling_config, "accelerator_type", None)
-        if sc_topology is not None and topology is not None and (
-            parse_slice(sc_topology, accelerator or sc_accel).topology
-            != parse_slice(topology, accelerator or sc_accel).topology
+        if (
+            sc_topology is not None
+            and topology is not None
+            and (
+                parse_slice(sc_topology, accelerator or sc_accel).topology
+                != parse_slice(topology, accelerator or sc_accel).topology
+            )
         ):
             raise ValueError(
                 f"TPUTorchConfig topology {topology!r} contradicts ScalingConfig topology "

@@ -62,9 +62,7 @@ def default_mesh_for(num_devices: int, num_hosts: int) -> tuple[tuple[int, ...],
     """The default mesh for ``num_devices`` devices on ``num_hosts`` hosts (processes)."""
     if num_hosts > 1:
         if num_devices % num_hosts:
-            raise ValueError(
-                f"{num_devices} devices cannot be split evenly over {num_hosts} hosts"
-            )
+            raise ValueError(f"{num_devices} devices cannot be split evenly over {num_hosts} hosts")
         return (num_hosts, num_devices // num_hosts), DEFAULT_AXIS_NAMES
     return (num_devices,), DEFAULT_AXIS_NAMES[:1]
 
@@ -143,8 +141,10 @@ def normalize_spmd_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
         shape = out["mesh_shape"]
         dp = out.get("data_parallel_size")
         mp = out.get("model_parallel_size")
-        if len(shape) != 2 or (dp is not None and shape[0] != dp) or (
-            mp is not None and shape[1] != mp
+        if (
+            len(shape) != 2
+            or (dp is not None and shape[0] != dp)
+            or (mp is not None and shape[1] != mp)
         ):
             raise ValueError(
                 f"xla_spmd_config mesh_shape {shape} contradicts data_parallel_size={dp} / "
@@ -191,8 +191,8 @@ def plan_mesh(
         dp = spmd.get("data_parallel_size")
         mp = spmd.get("model_parallel_size")
         if dp is None or mp is None:
-            given, other = ("data_parallel_size", dp) if dp is not None else (
-                "model_parallel_size", mp
+            given, other = (
+                ("data_parallel_size", dp) if dp is not None else ("model_parallel_size", mp)
             )
             assert other is not None
             if num_devices % other:

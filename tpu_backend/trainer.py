@@ -68,8 +68,14 @@ class TorchTrainer(_RayTorchTrainer):
     ``fit()`` starts any worker.
     """
 
-    def __init__(self, train_loop_per_worker: Any, *, torch_config: Any = None,
-                 scaling_config: Any = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        train_loop_per_worker: Any,
+        *,
+        torch_config: Any = None,
+        scaling_config: Any = None,
+        **kwargs: Any,
+    ) -> None:
         torch_config = select_torch_config(torch_config, scaling_config)
         super().__init__(
             train_loop_per_worker,

@@ -176,14 +176,26 @@ def _print_report(spec: Any, records: list[dict[str, Any]], elapsed: float) -> b
         f"{first['process_group']} process group"
     )
     hosts = Table(title="Hosts")
-    for col in ("host", "TPU worker id", "Ray rank", "process", "devices",
-                "uncached compiles", "cached compiles"):
+    for col in (
+        "host",
+        "TPU worker id",
+        "Ray rank",
+        "process",
+        "devices",
+        "uncached compiles",
+        "cached compiles",
+    ):
         hosts.add_column(col)
     for r in records:
-        hosts.add_row(str(r["host_index"]), str(r["tpu_worker_id"]), str(r["ray_world_rank"]),
-                      f"{r['process_index']}/{r['process_count']}",
-                      f"{r['addressable_devices']}/{r['global_devices']}",
-                      str(r["uncached_compile"]), str(r["cached_compile"]))
+        hosts.add_row(
+            str(r["host_index"]),
+            str(r["tpu_worker_id"]),
+            str(r["ray_world_rank"]),
+            f"{r['process_index']}/{r['process_count']}",
+            f"{r['addressable_devices']}/{r['global_devices']}",
+            str(r["uncached_compile"]),
+            str(r["cached_compile"]),
+        )
     console.print(hosts)
     losses = Table(title="Loss per step (every host)")
     losses.add_column("step")
@@ -207,17 +219,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Train a small model with tpu_backend.TorchTrainer on a simulated TPU "
         "slice (a local Ray cluster whose nodes look like the slice's hosts).",
     )
-    parser.add_argument("--topology", default=DEFAULT_TOPOLOGY,
-                        help=f"chip grid, e.g. 2x2x2 or 4x4 (default {DEFAULT_TOPOLOGY})")
-    parser.add_argument("--accelerator", default=None,
-                        help="TPU generation, e.g. v4, v5p, v6e (default: v4 for the default "
-                        "topology, else the project's default for 2-D topologies)")
+    parser.add_argument(
+        "--topology",
+        default=DEFAULT_TOPOLOGY,
+        help=f"chip grid, e.g. 2x2x2 or 4x4 (default {DEFAULT_TOPOLOGY})",
+    )
+    parser.add_argument(
+        "--accelerator",
+        default=None,
+        help="TPU generation, e.g. v4, v5p, v6e (default: v4 for the default "
+        "topology, else the project's default for 2-D topologies)",
+    )
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--timeout", type=float, default=600.0,
-                        help="seconds before the run is abandoned (default 600)")
-    parser.add_argument("--verbose", action="store_true",
-                        help="forward the Ray workers' logs (per-step lines of every host)")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        help="seconds before the run is abandoned (default 600)",
+    )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="forward the Ray workers' logs (per-step lines of every host)",
+    )
     args = parser.parse_args(list(argv) if argv is not None else None)
 
     from rich.console import Console
@@ -252,8 +277,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"cluster up in {cluster.startup_s:.1f}s; training {args.steps} steps on "
             f"{spec.num_hosts} host(s) (one Ray Train worker per host)..."
         )
-        _, records = run(spec.topology, spec.accelerator, steps=args.steps, batch=args.batch,
-                         fit_timeout_s=args.timeout)
+        _, records = run(
+            spec.topology,
+            spec.accelerator,
+            steps=args.steps,
+            batch=args.batch,
+            fit_timeout_s=args.timeout,
+        )
     ok = _print_report(spec, records, time.monotonic() - t0)
     return 0 if ok else 1
 

@@ -226,8 +226,13 @@ def simulated_tpu_cluster(
             )
         for i, (name, host) in enumerate(hosts):
             args = host_node_args(
-                spec, host, name, simulate=simulate, num_cpus=num_cpus_per_host,
-                extra_env=extra_env, hosts_addr=hosts_addrs[name] if spec.is_multi_host else None,
+                spec,
+                host,
+                name,
+                simulate=simulate,
+                num_cpus=num_cpus_per_host,
+                extra_env=extra_env,
+                hosts_addr=hosts_addrs[name] if spec.is_multi_host else None,
             )
             if cluster.head_node is None:
                 # As in Ray's own fake-TPU tests, worker 0 of the first slice is the head.
@@ -315,9 +320,7 @@ def release_placement_groups() -> int:
     return removed
 
 
-def fit_with_deadline(
-    trainer: Any, timeout_s: float, *, release_after: bool = True
-) -> Any:
+def fit_with_deadline(trainer: Any, timeout_s: float, *, release_after: bool = True) -> Any:
     """``trainer.fit()`` bounded in wall time: Ray waits for missing resources forever.
 
     Raises ``TimeoutError`` after ``timeout_s``.  With ``release_after`` (for clusters

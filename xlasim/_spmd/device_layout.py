@@ -20,10 +20,15 @@ from typing import Any, Protocol
 
 
 class SliceLike(Protocol):
-    num_hosts: int
-    devices_per_chip: int
-    host_bounds: tuple[int, int, int]
-    chips_per_host_bounds: tuple[int, int, int]
+    # Read-only members, so the frozen SliceSpec satisfies it.
+    @property
+    def num_hosts(self) -> int: ...
+    @property
+    def devices_per_chip(self) -> int: ...
+    @property
+    def host_bounds(self) -> tuple[int, int, int]: ...
+    @property
+    def chips_per_host_bounds(self) -> tuple[int, int, int]: ...
 
 
 def _xyz_order(bounds: tuple[int, int, int]) -> list[tuple[int, int, int]]:
