@@ -39,7 +39,8 @@ class SimRuntime:
         self.metrics = Metrics()
         self.graphs = GraphCache(self)
         self.default_device_index = 0
-        self.step_closures: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
+        # (run_async, closure, args), queued by xm.add_step_closure and run after a sync.
+        self.step_closures: list[tuple[bool, Callable[..., Any], tuple[Any, ...]]] = []
         # Set by xmp.spawn; 0 means "not replicated", which is what world_size() reads.
         self.replication_devices = 0
         # Set once a tensor lives on a device: torch_xla then calls the SPMD config locked.

@@ -99,14 +99,9 @@ def unlazy(tensors: list[torch.Tensor]) -> None:
 
 
 def _fetch_gradients(optimizer: optim.Optimizer) -> list[torch.Tensor]:
-    gradients = []
-    for param_group in optimizer.__getstate__()["param_groups"]:
-        for group, params in param_group.items():
-            if group == "params":
-                for p in params:
-                    if isinstance(p, torch.Tensor) and p.grad is not None:
-                        gradients.append(p.grad.data)
-    return gradients
+    """The gradient tensors of every parameter the optimizer steps."""
+    params = (p for group in optimizer.param_groups for p in group["params"])
+    return [p.grad.data for p in params if isinstance(p, torch.Tensor) and p.grad is not None]
 
 
 def _multi_replica(name: str) -> NotImplementedError:
@@ -192,25 +187,27 @@ def collective_broadcast(
 def add_step_closure(
     closure: Callable[..., Any], args: tuple[Any, ...] = (), run_async: bool = False
 ) -> None:
-    devctx = _get_device_context()
-    closures_type = "async_step_closures" if run_async else "step_closures"
-    step_closures = getattr(devctx, closures_type, None)
-    if step_closures is None:
-        step_closures = []
-        setattr(devctx, closures_type, step_closures)
-    step_closures.append(lambda a=args: closure(*a))
+    """Queues ``closure(*args)`` to run after the next sync, once its tensors are computed.
+
+    Simulated execution is synchronous, so asynchronous closures run in order at the same
+    point (before the synchronous ones, as torch_xla starts them first).
+    """
+    from xlasim import _runtime
+
+    queue = _runtime.current().step_closures
+    queue.append((run_async, closure, tuple(args)))
 
 
 def _run_step_closures() -> DeviceContext:
-    devctx = _get_device_context()
-    # Simulated execution is synchronous, so async closures simply run in order first.
-    for attr in ("async_step_closures", "step_closures"):
-        closures = getattr(devctx, attr, None)
-        if closures is not None:
-            setattr(devctx, attr, [])
-            for closure in closures:
-                closure()
-    return devctx
+    from xlasim import _runtime
+
+    runtime = _runtime.current()
+    queued, runtime.step_closures = runtime.step_closures, []
+    for run_async in (True, False):
+        for is_async, closure, args in queued:
+            if is_async is run_async:
+                closure(*args)
+    return _get_device_context()
 
 
 @deprecated("Use torch_xla.sync instead")
