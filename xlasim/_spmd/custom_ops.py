@@ -1,11 +1,9 @@
-"""The ``xla::`` custom ops torch_xla's ``xla_sharding.py`` registers, registered once.
+"""The ``xla::`` custom ops that torch_xla's SPMD module registers, defined once per process.
 
-The simulated ``torch_xla`` modules are re-imported for every simulation, but a torch
-library op can be defined only once per process, so the definitions live here (in a module
-imported once) and the simulated ``xla_sharding`` refers to them.  Bodies are torch_xla's.
-
-PYTEST_DONT_REWRITE: the asserts here are torch_xla's API (their messages are compared
-with the real ones), so pytest must not rewrite them.
+The simulated ``torch_xla`` modules are re-imported for every simulation, but a torch library
+op can be defined only once per process, so the definitions live here (in a module imported
+once) and the simulated ``xla_sharding`` refers to them.  The op names and schemas are the
+ones torch_xla 2.9 registers, since code may call them as ``torch.ops.xla.<name>``.
 """
 
 from __future__ import annotations
@@ -16,25 +14,51 @@ import torch
 from torch import Tensor
 from torch.library import custom_op
 
+# Linear as einsum keeps the batch dims unflattened, so their shardings propagate.
+_LINEAR = "...n,mn->...m"
+_LINEAR_GRAD_INPUT = "...m,mn->...n"
+_LINEAR_GRAD_WEIGHT = "...m,...n->mn"
+_LINEAR_GRAD_BIAS = "...m->m"
+
 
 @custom_op("xla::aot_mark_sharding", mutates_args=())
-def aot_mark_sharding(t: torch.Tensor, mesh: str, partition_spec: str) -> torch.Tensor:
+def aot_mark_sharding(t: Tensor, mesh: str, partition_spec: str) -> Tensor:
+    # Mesh and spec travel as strings: custom ops take only schema-typed arguments.
     if t is None:
         return None
-
     import torch_xla.distributed.spmd as xs
 
-    the_mesh = xs.Mesh.from_str(mesh)
-    assert the_mesh is not None
-    partition_spec_eval = ast.literal_eval(partition_spec)
-    return xs.mark_sharding(t.clone(), the_mesh, partition_spec_eval).global_tensor
+    parsed_mesh = xs.Mesh.from_str(mesh)
+    assert parsed_mesh is not None
+    spec = ast.literal_eval(partition_spec)
+    return xs.mark_sharding(t.clone(), parsed_mesh, spec).global_tensor
 
 
 @aot_mark_sharding.register_fake
-def _aot_mark_sharding_fake(t: torch.Tensor, mesh: str, partition_spec: str) -> torch.Tensor:
-    if t is None:
-        return None
-    return torch.empty_like(t)
+def _(t: Tensor, mesh: str, partition_spec: str) -> Tensor:
+    return None if t is None else torch.empty_like(t)
+
+
+def _linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    out = torch.einsum(_LINEAR, x, weight)
+    return out if bias is None else out + bias
+
+
+def _linear_grads(
+    grad_output: Tensor,
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    wants: tuple[bool, bool, bool],
+) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    # Clones: a custom op may not return a view of (or alias) one of its inputs.
+    want_input, want_weight, want_bias = wants
+    grad_x = torch.einsum(_LINEAR_GRAD_INPUT, grad_output, weight).clone() if want_input else None
+    grad_w = torch.einsum(_LINEAR_GRAD_WEIGHT, grad_output, x).clone() if want_weight else None
+    grad_b = None
+    if bias is not None and want_bias:
+        grad_b = torch.einsum(_LINEAR_GRAD_BIAS, grad_output).clone()
+    return grad_x, grad_w, grad_b
 
 
 @custom_op(
@@ -42,83 +66,31 @@ def _aot_mark_sharding_fake(t: torch.Tensor, mesh: str, partition_spec: str) -> 
     schema="(Tensor input, Tensor weight, Tensor? bias) -> Tensor",
     mutates_args=(),
 )
-def einsum_linear_forward(input: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:  # noqa: A002
-    product = torch.einsum("...n,mn->...m", input, weight)
-    if bias is not None:
-        return product + bias
-    return product
+def einsum_linear_forward(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    return _linear(x, weight, bias)
 
 
-@einsum_linear_forward.register_fake
-def _einsum_linear_forward_fake(input: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:  # noqa: A002
-    product = torch.einsum("...n,mn->...m", input, weight)
-    if bias is not None:
-        return product + bias
-    return product
+einsum_linear_forward.register_fake(_linear)
 
 
-def einsum_linear_backward_operation(
+def _linear_backward(
     grad_output: Tensor,
-    input: Tensor,  # noqa: A002
+    x: Tensor,
     weight: Tensor,
     bias: Tensor | None,
-    needs_input_grad_input: bool,
-    needs_input_grad_weight: bool,
-    needs_input_grad_bias: bool,
+    want_input: bool,
+    want_weight: bool,
+    want_bias: bool,
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
-    grad_input = grad_weight = grad_bias = None
-    if needs_input_grad_input:
-        grad_input = torch.einsum("...m,mn->...n", grad_output, weight).clone()
-    if needs_input_grad_weight:
-        grad_weight = torch.einsum("...m,...n->mn", grad_output, input).clone()
-    if bias is not None and needs_input_grad_bias:
-        grad_bias = torch.einsum("...m->m", grad_output).clone()
-    return grad_input, grad_weight, grad_bias
+    return _linear_grads(grad_output, x, weight, bias, (want_input, want_weight, want_bias))
 
 
-@custom_op(
+einsum_linear_backward = custom_op(
     "xla::einsum_linear_backward",
+    _linear_backward,
     schema="(Tensor grad_output, Tensor input, Tensor weight, Tensor? bias, "
     "bool needs_input_grad_input, bool needs_input_grad_weight, bool needs_input_grad_bias) "
     "-> (Tensor, Tensor, Tensor)",
     mutates_args=(),
 )
-def einsum_linear_backward(
-    grad_output: Tensor,
-    input: Tensor,  # noqa: A002
-    weight: Tensor,
-    bias: Tensor | None,
-    needs_input_grad_input: bool,
-    needs_input_grad_weight: bool,
-    needs_input_grad_bias: bool,
-) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
-    return einsum_linear_backward_operation(
-        grad_output,
-        input,
-        weight,
-        bias,
-        needs_input_grad_input,
-        needs_input_grad_weight,
-        needs_input_grad_bias,
-    )
-
-
-@einsum_linear_backward.register_fake
-def _einsum_linear_backward_fake(
-    grad_output: Tensor,
-    input: Tensor,  # noqa: A002
-    weight: Tensor,
-    bias: Tensor | None,
-    needs_input_grad_input: bool,
-    needs_input_grad_weight: bool,
-    needs_input_grad_bias: bool,
-) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
-    return einsum_linear_backward_operation(
-        grad_output,
-        input,
-        weight,
-        bias,
-        needs_input_grad_input,
-        needs_input_grad_weight,
-        needs_input_grad_bias,
-    )
+einsum_linear_backward.register_fake(_linear_backward)
