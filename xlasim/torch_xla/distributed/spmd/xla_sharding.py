@@ -1,7 +1,7 @@
 """``torch_xla.distributed.spmd.xla_sharding`` on the simulator (torch_xla 2.9).
 
 The functions and classes of the real module, with the same argument checks, messages and
-order.  The mesh arithmetic is ``xlasim._spmd.mesh`` (torch_xla's own code), the C++
+order.  The mesh arithmetic is ``xlasim._spmd.mesh``, the C++
 bindings are ``xlasim._spmd.xlac``; JAX/torchax interop raises NotImplementedError.
 
 PYTEST_DONT_REWRITE: the asserts here are torch_xla's API (their messages are compared
@@ -34,10 +34,10 @@ from xlasim._spmd.device_mesh import (
 from xlasim._spmd.mesh import (
     PartitionSpec,
     ShardingType,
-    _get_group_assignment,
-    _get_sharding_type,
-    _get_tile_assignment,
-    _translate_named_partition_spec,
+    replication_groups,
+    resolve_axis_names,
+    sharding_type_of,
+    tile_assignment,
 )
 
 # No __all__: like torch_xla's module, `import *` exports every public name.
@@ -345,14 +345,13 @@ class ShardingSpec:
     _sharding_type: ShardingType = field(init=False)
 
     def __post_init__(self) -> None:
-        mesh = self.mesh
-        partition_spec = _translate_named_partition_spec(mesh, self.partition_spec)
-        tile_assignment = _get_tile_assignment(mesh, partition_spec)
-        self._tile_assignment = tile_assignment.tolist()
-        self._sharding_type = _get_sharding_type(partition_spec, xr.global_runtime_device_count())
-        replicate_dims = {i for i, d in enumerate(partition_spec) if d is None}
-        self._group_assignment, self._replication_groups = _get_group_assignment(
-            self._sharding_type, tile_assignment, len(partition_spec), replicate_dims
+        # Unlike Mesh.get_op_sharding, no bounds checks and no PARTIAL for short specs.
+        spec = resolve_axis_names(self.mesh, self.partition_spec)
+        tiles = tile_assignment(self.mesh, spec)
+        self._tile_assignment = tiles.tolist()
+        self._sharding_type = sharding_type_of(spec, xr.global_runtime_device_count())
+        self._group_assignment, self._replication_groups = replication_groups(
+            self._sharding_type, tiles, spec
         )
 
     def xla_spec(self, t: torch.Tensor) -> Any:
