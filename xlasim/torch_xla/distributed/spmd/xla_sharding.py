@@ -11,7 +11,6 @@ with the real ones), so pytest must not rewrite them.
 from __future__ import annotations
 
 import re
-from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +27,8 @@ from xlasim._spmd import custom_ops as _custom_ops
 from xlasim._spmd import mesh as _mesh
 from xlasim._spmd import xlac as _xlac
 from xlasim._spmd.device_mesh import (
-    _create_device_mesh_for_nd_torus,
+    create_device_mesh,
+    create_hybrid_device_mesh,
     physical_tpu_mesh,
 )
 from xlasim._spmd.mesh import (
@@ -132,25 +132,26 @@ class HybridMesh(Mesh):
         dcn_mesh_shape: tuple[int, ...] | None = None,
         axis_names: tuple[str, ...] | None = None,
     ) -> None:
-        if dcn_mesh_shape is None:
-            dcn_mesh_shape = tuple([1] * len(ici_mesh_shape))
-        assert len(ici_mesh_shape) == len(dcn_mesh_shape)
-        mesh_shape = tuple([x * y for x, y in zip(ici_mesh_shape, dcn_mesh_shape, strict=False)])
-        self.device_attributes = xr.global_runtime_device_attributes()
-        self.device_attributes.sort(key=lambda attr: _parse_xla_device(attr["name"])[1])
-
-        if "slice_index" in self.device_attributes[0] and np.prod(dcn_mesh_shape) == 1:
+        dcn = tuple([1] * len(ici_mesh_shape)) if dcn_mesh_shape is None else dcn_mesh_shape
+        assert len(ici_mesh_shape) == len(dcn)
+        mesh_shape = tuple(ici * across for ici, across in zip(ici_mesh_shape, dcn, strict=False))
+        attributes = xr.global_runtime_device_attributes()
+        attributes.sort(key=lambda attr: _parse_xla_device(attr["name"])[1])
+        self.device_attributes = attributes
+        # Only multislice runtimes report a slice index; the dcn shape must agree with that.
+        multislice = "slice_index" in attributes[0]
+        n_slices = np.prod(dcn)
+        if multislice and n_slices == 1:
             raise ValueError("Provide dcn_mesh_shape to create a mesh for multislice")
-        if "slice_index" not in self.device_attributes[0] and np.prod(dcn_mesh_shape) > 1:
+        if not multislice and n_slices > 1:
             raise ValueError("Invalid dcn_mesh_shape for single slice mesh")
-        self.ici_mesh_shape = ici_mesh_shape
-        self.dcn_mesh_shape = dcn_mesh_shape
-        if np.prod(dcn_mesh_shape) > 1 and "slice_index" in self.device_attributes[0]:
-            mesh = self._create_hybrid_device_mesh(self.ici_mesh_shape, self.dcn_mesh_shape)
-        else:
-            mesh = self._create_device_mesh(self.ici_mesh_shape)
-        device_ids = mesh.flatten()
-        super().__init__(device_ids, mesh_shape, axis_names)
+        self.ici_mesh_shape, self.dcn_mesh_shape = ici_mesh_shape, dcn
+        layout = (
+            self._create_hybrid_device_mesh(ici_mesh_shape, dcn)
+            if multislice and n_slices > 1
+            else self._create_device_mesh(ici_mesh_shape)
+        )
+        super().__init__(layout.flatten(), mesh_shape, axis_names)
 
     def _get_physical_tpu_mesh(self, devices: np.ndarray) -> np.ndarray:
         assert xm.xla_device_hw(torch_xla.device()) == "TPU"
@@ -159,35 +160,21 @@ class HybridMesh(Mesh):
     def _create_device_mesh(self, mesh_shape: Any, devices: Any = None) -> np.ndarray:
         if devices is None:
             devices = np.arange(xr.global_runtime_device_count())
-        if np.prod(mesh_shape) != len(devices):
-            raise ValueError(
-                f"Number of devices {len(devices)} must equal the product "
-                f"of mesh_shape {mesh_shape}"
-            )
-        physical_mesh = self._get_physical_tpu_mesh(devices)
-        device_mesh, assignment = _create_device_mesh_for_nd_torus(
-            physical_mesh, mesh_shape, allow_split_physical_axes=True
+        return create_device_mesh(
+            self.device_attributes, mesh_shape, devices, physical_mesh=self._physical_mesh
         )
-        return device_mesh
 
     def _create_hybrid_device_mesh(self, ici_mesh_shape: Any, dcn_mesh_shape: Any) -> np.ndarray:
-        granule_dict = defaultdict(list)
-        for d, dev in enumerate(self.device_attributes):
-            granule_dict[dev["slice_index"]].append(d)
-        # sorts devices based on slice_index.
-        granules = list(granule_dict[key] for key in sorted(granule_dict.keys()))
-        if np.prod(dcn_mesh_shape) != len(granules):
-            raise ValueError(
-                f"Number of slices {len(granules)} must equal the product of "
-                f"dcn_mesh_shape {dcn_mesh_shape}"
-            )
-        # creates a separate internal mesh for each slice.
-        per_granule_meshes = [
-            self._create_device_mesh(ici_mesh_shape, granule) for granule in granules
-        ]
-        granule_mesh = np.arange(len(granules)).reshape(dcn_mesh_shape)
-        blocks = np.vectorize(lambda i: per_granule_meshes[i], otypes=[object])(granule_mesh)
-        return np.block(blocks.tolist())
+        return create_hybrid_device_mesh(
+            self.device_attributes,
+            ici_mesh_shape,
+            dcn_mesh_shape,
+            physical_mesh=self._physical_mesh,
+        )
+
+    def _physical_mesh(self, _attributes: Any, devices: Any) -> np.ndarray:
+        # The TPU check comes after the device-count check, where torch_xla makes it.
+        return self._get_physical_tpu_mesh(devices)
 
 
 def _mark_manual_sharding(t: torch.Tensor | XLAShardedTensor) -> XLAShardedTensor:
