@@ -68,14 +68,11 @@ class Mesh(_mesh.Mesh):
         """Create Mesh from string representation."""
         import ast
 
+        # Accepts ``str(mesh)``, with or without a leading "Mesh"; anything else is None.
         try:
-            dict_str = mesh_str.replace("Mesh", "")
-            mesh_dict = ast.literal_eval(dict_str)
-            return cls(
-                device_ids=np.array(mesh_dict["device_ids"]),
-                mesh_shape=mesh_dict["mesh_shape"],
-                axis_names=mesh_dict["axis_names"],
-            )
+            fields = ast.literal_eval(mesh_str.replace("Mesh", ""))
+            ids, shape, names = (fields[k] for k in ("device_ids", "mesh_shape", "axis_names"))
+            return cls(device_ids=np.array(ids), mesh_shape=shape, axis_names=names)
         except (ValueError, SyntaxError, KeyError, TypeError):
             return None
 
@@ -99,13 +96,9 @@ def get_global_mesh() -> Mesh | None:
 
 def get_1d_mesh(axis_name: str | None = None) -> Mesh:
     """Helper function to return the mesh with all devices in one dimension."""
-    num_devices = xr.global_runtime_device_count()
-    mesh_shape = (num_devices,)
-    device_ids = np.array(range(num_devices))
-    if axis_name is None:
-        return Mesh(device_ids, mesh_shape)
-    else:
-        return Mesh(device_ids, mesh_shape, (axis_name,))
+    count = xr.global_runtime_device_count()
+    names = None if axis_name is None else (axis_name,)
+    return Mesh(np.arange(count), (count,), names)
 
 
 def _parse_xla_device(device: str) -> tuple[str, int]:
@@ -189,10 +182,10 @@ def enable_manual_sharding(
 ) -> XLAShardedTensor:
     """Shard ``t`` by ``partition_spec`` and switch it (and what it feeds) to manual sharding."""
     mesh = get_global_mesh() if mesh is None else mesh
-    t = mark_sharding(unwrap_sharded_tensor(t), mesh, partition_spec)  # type: ignore[arg-type]
-    t = _xlac._spmd_full_to_shard_shape(unwrap_sharded_tensor(t))
+    sharded = mark_sharding(unwrap_sharded_tensor(t), mesh, partition_spec)  # type: ignore[arg-type]
+    local = _xlac._spmd_full_to_shard_shape(sharded.global_tensor)
     return wrap_as_sharded_tensor(
-        t,
+        local,
         mesh_shape=mesh.mesh_shape,  # type: ignore[union-attr]
         partition_spec=partition_spec,
     )
@@ -207,15 +200,11 @@ def disable_manual_sharding(
 ) -> XLAShardedTensor:
     """Return to automatic sharding: ``t`` becomes the full tensor sharded by the spec."""
     mesh = get_global_mesh() if mesh is None else mesh
-    t = _mark_manual_sharding(unwrap_sharded_tensor(t))
-    t = _xlac._spmd_shard_to_full_shape(
-        unwrap_sharded_tensor(t),
-        mesh.get_op_sharding(partition_spec),  # type: ignore[union-attr]
-        full_shape,
-        t.dtype,
-    )
+    manual = _mark_manual_sharding(unwrap_sharded_tensor(t)).global_tensor
+    sharding = mesh.get_op_sharding(partition_spec)  # type: ignore[union-attr]
+    full = _xlac._spmd_shard_to_full_shape(manual, sharding, full_shape, manual.dtype)
     return wrap_as_sharded_tensor(
-        t,
+        full,
         mesh_shape=mesh.mesh_shape,  # type: ignore[union-attr]
         partition_spec=partition_spec,
     )
@@ -284,19 +273,14 @@ def clear_sharding(t: torch.Tensor | XLAShardedTensor) -> torch.Tensor:
 def wrap_as_sharded_tensor(
     t: torch.Tensor | XLAShardedTensor, mesh_shape: Any = None, partition_spec: Any = None
 ) -> XLAShardedTensor:
-    # pass along mesh and partition spec information
     if not isinstance(t, XLAShardedTensor):
         return XLAShardedTensor(t, mesh_shape=mesh_shape, partition_spec=partition_spec)
-
-    needs_invalidate = False
-    if mesh_shape is not None:
-        t.mesh_shape = mesh_shape
-        needs_invalidate = True
-    if partition_spec is not None:
-        t.partition_spec = partition_spec
-        needs_invalidate = True
-    # Invalidate cached spec if resharding occurred
-    if needs_invalidate:
+    given = {"mesh_shape": mesh_shape, "partition_spec": partition_spec}
+    updates = {name: value for name, value in given.items() if value is not None}
+    for name, value in updates.items():
+        setattr(t, name, value)
+    if updates:
+        # A new layout makes the cached sharding spec stale (DTensor interop reads it).
         t.invalidate_spec_cache()
     return t
 
@@ -376,22 +360,14 @@ class XLAPatchedLinear(torch.autograd.Function):
     @staticmethod
     @custom_bwd(device_type="xla")
     def backward(ctx: Any, grad_output: Tensor) -> Any:
-        input, weight, bias = ctx.saved_tensors  # noqa: A001
-        needs_input_grad_input = ctx.needs_input_grad[0]
-        needs_input_grad_weight = ctx.needs_input_grad[1]
-        needs_input_grad_bias = False
-        if bias is not None:
-            needs_input_grad_bias = ctx.needs_input_grad[2]
-        grad_input, grad_weight, grad_bias = torch.ops.xla.einsum_linear_backward(
-            grad_output,
-            input,
-            weight,
-            bias,
-            needs_input_grad_input,
-            needs_input_grad_weight,
-            needs_input_grad_bias,
+        x, weight, bias = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        # Without a bias, apply() may have been given two inputs only: no needs[2] then.
+        want_bias = bias is not None and needs[2]
+        grads = torch.ops.xla.einsum_linear_backward(
+            grad_output, x, weight, bias, needs[0], needs[1], want_bias
         )
-        return grad_input, grad_weight, grad_bias, None
+        return (*grads, None)
 
 
 def xla_patched_nn_linear_forward(m: torch.nn.Module, input: Tensor) -> Tensor:  # noqa: A002
@@ -411,15 +387,18 @@ def apply_xla_patch_to_nn_linear(module: torch.nn.Module) -> torch.nn.Module:
     """Recursively replace `nn.Linear` layers with `EinsumLinear` in the module."""
     for name, child in module.named_children():
         if isinstance(child, torch.nn.Linear) and not isinstance(child, EinsumLinear):
-            with torch.device("meta"):
-                einsum_linear = EinsumLinear(
-                    child.in_features, child.out_features, bias=child.bias is not None
-                )
-            einsum_linear.load_state_dict(child.state_dict(), strict=True, assign=True)
-            setattr(module, name, einsum_linear)
+            setattr(module, name, _as_einsum_linear(child))
         else:
             apply_xla_patch_to_nn_linear(child)
     return module
+
+
+def _as_einsum_linear(linear: torch.nn.Linear) -> EinsumLinear:
+    # Built on meta, then assign=True adopts the original parameters (no copy, no init).
+    with torch.device("meta"):
+        einsum = EinsumLinear(linear.in_features, linear.out_features, linear.bias is not None)
+    einsum.load_state_dict(linear.state_dict(), strict=True, assign=True)
+    return einsum
 
 
 def apply_backward_optimization_barrier(m: torch.nn.Module) -> None:
@@ -439,17 +418,15 @@ class MarkShardingFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, torch_tensor: torch.Tensor, mesh: Mesh, partition_spec: Any) -> Any:
-        o = _aot_mark_sharding(torch_tensor, str(mesh), str(partition_spec))
-        ctx.partition_spec = partition_spec
-        ctx.mesh = mesh
-        return o
+        # The op takes strings: mesh and spec are not tensors a custom op can carry.
+        ctx.mesh, ctx.partition_spec = mesh, partition_spec
+        return _aot_mark_sharding(torch_tensor, str(mesh), str(partition_spec))
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> Any:
-        partition_spec = ctx.partition_spec
-        mesh = ctx.mesh
-        o = _aot_mark_sharding(grad_output, str(mesh), str(partition_spec))
-        return o, None, None
+        # The gradient gets the same sharding as the forward value.
+        grad = _aot_mark_sharding(grad_output, str(ctx.mesh), str(ctx.partition_spec))
+        return grad, None, None
 
 
 _aot_mark_sharding = _custom_ops.aot_mark_sharding
