@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 
 def with_xla(func: Callable[..., Any]) -> Callable[..., Any]:
-    """Run ``func`` with SPMD enabled (torch_xla's test helper, applied to the API)."""
+    """Wrap ``func`` so that SPMD mode is on before it runs (every entry point here is)."""
     assert func is not None
 
     @wraps(func)
@@ -50,7 +50,8 @@ def auto_policy(mod_name: str, mod: nn.Module, mesh: Any) -> None:
 def convert_to_xla_mesh(dt_mesh: DeviceMesh) -> Mesh:
     """Convert a DTensor ``DeviceMesh`` over 'xla' to a torch_xla ``Mesh``."""
     assert dt_mesh.size() == xr.global_runtime_device_count()
-    return Mesh(dt_mesh.mesh.flatten(), tuple(dt_mesh.mesh.size()), dt_mesh.mesh_dim_names)
+    ids = dt_mesh.mesh
+    return Mesh(ids.flatten(), tuple(ids.size()), dt_mesh.mesh_dim_names)
 
 
 @with_xla
@@ -58,16 +59,30 @@ def convert_to_xla_partition_spec(
     tensor: torch.Tensor, placements: Sequence[Placement]
 ) -> tuple[Any, ...]:
     """Convert DTensor ``placements`` (per mesh dim) to a partition spec (per tensor dim)."""
-    sharding_spec: list[Any] = [None] * len(tensor.shape)
-    for mesh_idx, spec in enumerate(placements):
-        if spec.is_shard():
-            tensor_idx = spec.dim  # type: ignore[attr-defined]
-            sharding_spec[tensor_idx] = mesh_idx
-        elif spec.is_replicate():
-            continue
-        else:
-            raise ValueError(f"Unsupported placement type: {type(spec).__name__}")
-    return tuple(sharding_spec)
+    spec: list[Any] = [None] * len(tensor.shape)
+    for mesh_dim, placement in enumerate(placements):
+        if placement.is_shard():
+            spec[placement.dim] = mesh_dim  # type: ignore[attr-defined]
+        elif not placement.is_replicate():
+            raise ValueError(f"Unsupported placement type: {type(placement).__name__}")
+    return tuple(spec)
+
+
+def _global_tensor(tensor: torch.Tensor) -> Any:
+    # Checked by class name, as torch_xla does, so DTensor need not be importable.
+    kind = type(tensor).__name__
+    if kind == "DTensor":
+        raise ValueError(
+            "Cannot distribute a DTensor with local tensor on xla devices."
+            "The input tensor must be global."
+        )
+    if kind != "XLAShardedTensor":
+        return tensor
+    current = tensor.sharding_type  # type: ignore[attr-defined]
+    assert current is None or current == ShardingType.REPLICATED, (
+        "XLAShardedTensor `tensor` is already annotated with non-replication sharding. "
+    )
+    return tensor.global_tensor  # type: ignore[attr-defined]
 
 
 @with_xla
@@ -77,39 +92,40 @@ def xla_distribute_tensor(
     placements: Sequence[Placement] | None = None,
 ) -> XLAShardedTensor:
     """Distribute ``tensor`` over ``device_mesh`` by ``placements`` (default: replicated)."""
-    dt_mesh = device_mesh
-    assert dt_mesh.device_type == "xla"
-
-    xla_mesh = convert_to_xla_mesh(dt_mesh)
-    assert xla_mesh.mesh_shape == tuple(dt_mesh.mesh.size())
+    assert device_mesh.device_type == "xla"
+    xla_mesh = convert_to_xla_mesh(device_mesh)
+    assert xla_mesh.mesh_shape == tuple(device_mesh.mesh.size())
 
     if not tensor.is_meta:
-        tensor = tensor.to(dt_mesh.device_type)
+        tensor = tensor.to(device_mesh.device_type)
     if placements is None:
-        placements = [Replicate() for _ in range(dt_mesh.ndim)]
-    assert len(placements) == dt_mesh.ndim, (
+        placements = [Replicate() for _ in range(device_mesh.ndim)]
+    # torch_xla's messages stop here (their second halves are stray expressions upstream).
+    assert len(placements) == device_mesh.ndim, (
         "`placements` must have the same length as `device_mesh.ndim`! "
     )
-    partition_spec = convert_to_xla_partition_spec(tensor, placements)
-    assert len(tensor.shape) == len(partition_spec), (
+    spec = convert_to_xla_partition_spec(tensor, placements)
+    assert len(tensor.shape) == len(spec), (
         "`partition_spec` from `placements` must have the same length as `tensor.length`! "
     )
-
-    global_tensor = tensor
-    if type(tensor).__name__ == "DTensor":
-        raise ValueError(
-            "Cannot distribute a DTensor with local tensor on xla devices."
-            "The input tensor must be global."
-        )
-    if type(tensor).__name__ == "XLAShardedTensor":
-        sharding_type = tensor.sharding_type  # type: ignore[attr-defined]
-        assert sharding_type is None or sharding_type == ShardingType.REPLICATED, (
-            "XLAShardedTensor `tensor` is already annotated with non-replication sharding. "
-        )
-        global_tensor = tensor.global_tensor  # type: ignore[attr-defined]
+    global_tensor = _global_tensor(tensor)
     assert global_tensor is not None, "distributing a tensor should not be None"
+    return mark_sharding(global_tensor, xla_mesh, spec)
 
-    return mark_sharding(global_tensor, xla_mesh, partition_spec)
+
+def _mesh_hook(fn: Callable[..., Any], device_mesh: Any, role: str) -> Callable[..., Any]:
+    """``fn`` as a hook taking (module, value); the two-argument form is deprecated."""
+    n_args = len(inspect.signature(fn).parameters)
+    if n_args == 2:
+        warnings.warn(
+            f"Deprecating {role} that takes two arguments (inputs, device_mesh), "
+            f"please use {role} that takes in (module, inputs, device_mesh) instead!",
+            stacklevel=3,
+        )
+        return lambda _module, value: fn(value, device_mesh)
+    if n_args == 3:
+        return lambda module, value: fn(module, value, device_mesh)
+    raise ValueError(f"{role} should take in 3 arguments, but got {n_args} arguments!")
 
 
 @with_xla
@@ -121,47 +137,20 @@ def xla_distribute_module(
     output_fn: Callable[..., None] | None = None,
 ) -> nn.Module:
     """Annotate ``module``'s parameters via ``partition_fn`` and install input/output hooks."""
-    if partition_fn:
-        if getattr(partition_fn, "__name__", "unknown") == "auto_policy":
-            assert next(module.parameters()).device != torch_xla.device(), (
-                "Currently requires module to be on cpu, before xla_distribute_module."
-            )
-            xr.use_spmd(auto=True)
-            module = module.to("xla")
-        else:
-            for name, submod in module.named_modules():
-                partition_fn(name, submod, device_mesh)  # type: ignore[arg-type]
+    if partition_fn and getattr(partition_fn, "__name__", "unknown") == "auto_policy":
+        assert next(module.parameters()).device != torch_xla.device(), (
+            "Currently requires module to be on cpu, before xla_distribute_module."
+        )
+        xr.use_spmd(auto=True)
+        module = module.to("xla")
+    elif partition_fn:
+        for name, submodule in module.named_modules():
+            partition_fn(name, submodule, device_mesh)  # type: ignore[arg-type]
 
+    # The input hook is in place before output_fn is checked, as in torch_xla.
     if input_fn is not None:
-        num_args = len(inspect.signature(input_fn).parameters)
-        if num_args == 2:
-            warnings.warn(
-                "Deprecating input_fn that takes two arguments (inputs, device_mesh), "
-                "please use input_fn that takes in (module, inputs, device_mesh) instead!",
-                stacklevel=2,
-            )
-            module.register_forward_pre_hook(lambda _, inputs: input_fn(inputs, device_mesh))
-        elif num_args == 3:
-            module.register_forward_pre_hook(lambda mod, inputs: input_fn(mod, inputs, device_mesh))
-        else:
-            raise ValueError(f"input_fn should take in 3 arguments, but got {num_args} arguments!")
-
+        module.register_forward_pre_hook(_mesh_hook(input_fn, device_mesh, "input_fn"))
     if output_fn is not None:
-        num_args = len(inspect.signature(output_fn).parameters)
-        if num_args == 2:
-            warnings.warn(
-                "Deprecating output_fn that takes two arguments (inputs, device_mesh), "
-                "please use output_fn that takes in (module, inputs, device_mesh) instead!",
-                stacklevel=2,
-            )
-            module.register_forward_hook(
-                lambda mod, inputs, outputs: output_fn(outputs, device_mesh)
-            )
-        elif num_args == 3:
-            module.register_forward_hook(
-                lambda mod, inputs, outputs: output_fn(mod, outputs, device_mesh)
-            )
-        else:
-            raise ValueError(f"output_fn should take in 3 arguments, but got {num_args} arguments!")
-
+        on_output = _mesh_hook(output_fn, device_mesh, "output_fn")
+        module.register_forward_hook(lambda mod, _inputs, outputs: on_output(mod, outputs))
     return module
