@@ -1,7 +1,7 @@
 """SPMD logic of the simulator: meshes, partition specs, OpSharding, shards, device layout.
 
 Pure logic lives in ``op_sharding`` (protos, spec strings, shard shapes and indices),
-``mesh`` (torch_xla's Python mesh arithmetic), ``device_mesh`` (HybridMesh's torus mapping)
+``mesh`` (mesh and partition-spec arithmetic), ``device_mesh`` (HybridMesh's torus mapping)
 and ``device_layout`` (TPU device attributes).  ``xlac`` holds the ``torch_xla._XLAC`` SPMD
 functions over simulated tensors and ``memory`` the per-chip HBM model.
 

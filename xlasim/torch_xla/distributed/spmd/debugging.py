@@ -1,39 +1,47 @@
 """``torch_xla.distributed.spmd.debugging`` on the simulator: sharding tables with rich.
 
-``visualize_sharding`` is torch_xla 2.9's function; devices are labelled with
-``PJRT_DEVICE`` as on the real runtime ('TPU 0', ...).
-
-PYTEST_DONT_REWRITE: the asserts here are torch_xla's API (their messages are compared
-with the real ones), so pytest must not rewrite them.
+Tables show the first two dimensions of a sharding, each cell naming the device(s) holding that
+tile, labelled with ``PJRT_DEVICE`` as on the real runtime ('TPU 0', 'TPU [0, 1]').
 """
-
-# The parsing below is torch_xla's, kept as is (including its bare excepts and mixed types).
-# ruff: noqa: E722, B904, SIM108, F841
-# mypy: ignore-errors
 
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 import torch
 import torch_xla
 import torch_xla.runtime as xr
-from torch_xla.distributed.spmd import XLAShardedTensor
-from torch_xla.distributed.spmd.xla_sharding import *  # noqa: F403
+from torch_xla.distributed.spmd.xla_sharded_tensor import XLAShardedTensor
 
-try:
-    import rich
-    import rich.align
-    import rich.box
-    import rich.console
-    import rich.padding
-    import rich.style
-    import rich.table
+_TILED = re.compile(r"^\{devices=\[([\d,]+)\]([\d,]+)( last_tile_dim_replicate)?\}$")
 
-    RICH_ENABLED = True
-except:
-    RICH_ENABLED = False
+
+def _not_organized(sharding: str) -> ValueError:
+    # torch_xla raises it with the pieces as separate arguments; so do we.
+    return ValueError("sharding ", sharding, " is not organized as expected")
+
+
+def _tile_grid(sharding: str) -> tuple[int, int, dict[tuple[int, int], Any]]:
+    """(rows, columns, cell -> device id or list of replica device ids)."""
+    if sharding in ("", "{replicated}"):
+        return 1, 1, {(0, 0): list(range(xr.global_runtime_device_count()))}
+    match = _TILED.match(sharding)
+    if match is None:
+        raise _not_organized(sharding)
+    dims = [int(d) for d in match.group(1).split(",")]
+    devices = [int(d) for d in match.group(2).split(",")]
+    if len(dims) < 2:
+        raise _not_organized(sharding)
+    rows, cols = dims[0], dims[1]
+    # With replication the last tile dimension lists the replicas of each tile.
+    group = dims[-1] if match.group(3) else 1
+    cells: dict[tuple[int, int], Any] = {}
+    for tile in range(len(devices) // group):
+        held = devices[tile * group : (tile + 1) * group]
+        cells.setdefault((tile // cols, tile % cols), held if match.group(3) else held[0])
+    return rows, cols, cells
 
 
 def visualize_sharding(
@@ -43,126 +51,44 @@ def visualize_sharding(
     min_width: int = 9,
     max_width: int = 80,
 ) -> Any:
-    """Visualizes a sharding spec string (first two dimensions) with ``rich``; returns the
-    table after printing it."""
-    if not RICH_ENABLED:
-        raise ValueError("`visualize_sharding` requires `rich` to be installed.")
+    """Prints a sharding spec string as a table (first two dimensions) and returns it."""
+    try:
+        from rich.align import Align
+        from rich.box import SQUARE
+        from rich.console import Console
+        from rich.padding import Padding
+        from rich.table import Table
+    except ImportError:
+        raise ValueError("`visualize_sharding` requires `rich` to be installed.") from None
 
-    slices: dict[tuple[int, ...], Any] = {}
-    heights: Any = {}
-    widths: Any = {}
-
-    if len(sharding) >= 0:
-        # eg: '{devices=[2,2]0,1,2,3}'
-        # eg: '{replicated}'
-        # eg: '{devices=[2,1,2]0,1,2,3 last_tile_dim_replicate}'
-        print(f"Visualizing {sharding} (showing up to the first two dimensions)")
-        if sharding == "{replicated}" or len(sharding) == 0:
-            heights = 1
-            widths = 1
-            num_devices = xr.global_runtime_device_count()
-            device_ids = list(range(num_devices))
-            slices.setdefault((0, 0), device_ids)
-        else:
-            sharding_spec = sharding[sharding.index("[") + 1 : sharding.index("]")].split(",")
-            device_list_original = sharding.split(" last_tile_dim_replicate")
-            if len(device_list_original) == 2 and device_list_original[1] == "}":
-                try:
-                    device_list_original_first = device_list_original[0]
-                    device_list = device_list_original_first[
-                        device_list_original_first.index("]") + 1 :
-                    ]
-                    device_indices_map = [int(s) for s in device_list.split(",")]
-                    heights = int(sharding_spec[0])
-                    widths = int(sharding_spec[1])
-                    last_dim_depth = int(sharding_spec[-1])
-                    devices_len = len(device_indices_map)
-                    len_after_dim_down = devices_len // last_dim_depth
-                    for i in range(len_after_dim_down):
-                        slices.setdefault(
-                            (i // widths, i % widths),
-                            device_indices_map[i * last_dim_depth : (i + 1) * last_dim_depth],
-                        )
-                except:
-                    raise ValueError("sharding ", sharding, " is not organized as expected")
-            else:
-                # eg: '{devices=[2,2]0,1,2,3}'
-                try:
-                    assert device_list_original[0][-1] == "}"
-                except:
-                    raise ValueError("sharding ", sharding, " is not organized as expected")
-                try:
-                    device_list_original_first = device_list_original[0]
-                    device_list = device_list_original_first[
-                        device_list_original_first.index("]") + 1 : -1
-                    ]
-                    device_indices_map = [int(i) for i in device_list.split(",")]
-                    heights = int(sharding_spec[0])
-                    widths = int(sharding_spec[1])
-                    devices_len = len(device_indices_map)
-                    for i in range(devices_len):
-                        slices.setdefault((i // widths, i % widths), device_indices_map[i])
-                except:
-                    raise ValueError("sharding ", sharding, " is not organized as expected")
-    else:
-        raise ValueError("sharding length should >= 0")
-
-    num_rows = heights
-    num_cols = widths
-
-    console = rich.console.Console(width=max_width)
-    use_color = use_color and console.color_system is not None
-
-    base_height = int(3 * scale)
-    aspect_ratio = 1
-    base_width = int(base_height * aspect_ratio)
-    height_to_width_ratio = 1.5
-
-    pjrt_device = os.environ.get("PJRT_DEVICE")
-    device_kind = pjrt_device
-
-    table = rich.table.Table(
+    print(f"Visualizing {sharding} (showing up to the first two dimensions)")
+    rows, cols, cells = _tile_grid(sharding)
+    console = Console(width=max_width)
+    colored = use_color and console.color_system is not None
+    table = Table(
         show_header=False,
-        show_lines=not use_color,
+        show_lines=not colored,
         padding=0,
-        highlight=not use_color,
+        highlight=not colored,
         pad_edge=False,
-        box=rich.box.SQUARE if not use_color else None,
+        box=None if colored else SQUARE,
     )
-    for i in range(num_rows):
-        col = []
-        for j in range(num_cols):
-            entry = f"{device_kind} " + str(slices[i, j])
-            width, maybe_height = widths, heights
-            width = int(width * base_width * height_to_width_ratio)
-            if maybe_height is None:
-                height = 1
-            else:
-                height = int(maybe_height * base_height)
-            width = min(max(width, min_width), max_width)
-
-            color = None
-            text_color = None
-
-            padding = (1, 1, 1, 1)
-
-            col.append(
-                rich.padding.Padding(
-                    rich.align.Align(entry, "center", vertical="middle"),
-                    padding,
-                    style=rich.style.Style(bgcolor=color, color=text_color),
+    label = os.environ.get("PJRT_DEVICE")
+    for row in range(rows):
+        table.add_row(
+            *(
+                Padding(
+                    Align(f"{label} {cells[row, col]}", "center", vertical="middle"), (1, 1, 1, 1)
                 )
+                for col in range(cols)
             )
-        table.add_row(*col)
+        )
     console.print(table, end="\n\n")
     return table
 
 
 def visualize_tensor_sharding(t: torch.Tensor, **kwargs: Any) -> Any:
-    """Visualizes an array's sharding."""
-
-    def maybe_unwrap(t: torch.Tensor) -> torch.Tensor:
-        return t.global_tensor if isinstance(t, XLAShardedTensor) else t
-
-    sharding = torch_xla._XLAC._get_xla_sharding_spec(maybe_unwrap(t))
-    return visualize_sharding(sharding, **kwargs)
+    """Visualizes a tensor's sharding (an ``XLAShardedTensor`` or an annotated xla tensor)."""
+    if isinstance(t, XLAShardedTensor):
+        t = t.global_tensor
+    return visualize_sharding(torch_xla._XLAC._get_xla_sharding_spec(t), **kwargs)
