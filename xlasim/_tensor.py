@@ -352,13 +352,6 @@ def _local_scalar_dense(func, args, kwargs):
     return value
 
 
-def _unsupported(name: str):
-    def handler(func, args, kwargs):
-        raise NotImplementedError(f"xlasim does not simulate {name} on xla tensors")
-
-    return handler
-
-
 _SPECIAL = {
     aten._to_copy.default: _to_copy,
     aten.copy_.default: _copy_,

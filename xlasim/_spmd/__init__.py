@@ -5,14 +5,14 @@ Pure logic lives in ``op_sharding`` (protos, spec strings, shard shapes and indi
 and ``device_layout`` (TPU device attributes).  ``xlac`` holds the ``torch_xla._XLAC`` SPMD
 functions over simulated tensors and ``memory`` the per-chip HBM model.
 
-Hooks the simulator core calls:
-  * ``sharding_spec_string(t)`` for ``torch_xla._XLAC._get_xla_sharding_spec``;
+What the simulator core calls:
+  * ``xlac`` names in its ``__all__``: served as ``torch_xla._XLAC`` attributes;
+  * ``xlac.place_input`` for every host-to-device transfer of ``_xla_tensors_from_aten``;
+  * ``propagation.output_sharding`` for SPMD graph outputs after a sync;
   * ``device_attributes(spec)`` for ``xr.global_runtime_device_attributes()``.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from xlasim._spmd.device_layout import device_attributes
 from xlasim._spmd.op_sharding import OpSharding, ProtoType, ShardingKind
@@ -24,12 +24,4 @@ __all__ = [
     "ShardingKind",
     "TensorSharding",
     "device_attributes",
-    "sharding_spec_string",
 ]
-
-
-def sharding_spec_string(t: Any) -> str:
-    """``torch_xla._XLAC._get_xla_sharding_spec(t)``."""
-    from xlasim._spmd.xlac import _get_xla_sharding_spec
-
-    return _get_xla_sharding_spec(t)
