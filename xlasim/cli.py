@@ -9,8 +9,15 @@ import subprocess
 import sys
 import sysconfig
 from collections.abc import Sequence
+from typing import Any
 
-from tpu_backend.topology import DEFAULT_ACCELERATOR, default_mesh, parse_slice, tpu_host_env
+from tpu_backend.topology import (
+    DEFAULT_ACCELERATOR,
+    SliceSpec,
+    default_mesh,
+    parse_slice,
+    tpu_host_env,
+)
 
 
 def _pth_installed() -> bool:
@@ -50,18 +57,25 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise SystemExit(f"xlasim run: command not found: {command[0]!r}") from None
 
 
+def slice_table(spec: SliceSpec) -> Any:
+    """The slice as a two-column rich table (``xlasim describe`` and ``xlasim demo``)."""
+    from rich.table import Table
+
+    table = Table(title=f"Simulated slice {spec.pod_type} ({spec.topology})", show_header=False)
+    table.add_column("property", style="bold")
+    table.add_column("value")
+    for label, value in spec.describe_rows():
+        table.add_row(label, value)
+    return table
+
+
 def _cmd_describe(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
     spec = parse_slice(args.topology, args.accelerator)
     console = Console()
-    table = Table(title=f"Simulated slice {spec.pod_type} ({spec.topology})", show_header=False)
-    table.add_column("property", style="bold")
-    table.add_column("value")
-    for label, value in spec.describe_rows():
-        table.add_row(label, value)
-    console.print(table)
+    console.print(slice_table(spec))
 
     shape, axes = default_mesh(spec)
     hosts = Table(title="Per-host TPU environment")

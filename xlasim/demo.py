@@ -246,9 +246,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(list(argv) if argv is not None else None)
 
     from rich.console import Console
-    from rich.table import Table
 
     from tpu_backend.topology import parse_slice
+    from xlasim.cli import slice_table
     from xlasim.ray_cluster import simulated_tpu_cluster
 
     accelerator = args.accelerator
@@ -259,12 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as e:
         parser.error(str(e))
     console = Console()
-    table = Table(title=f"Simulated slice {spec.pod_type} ({spec.topology})", show_header=False)
-    table.add_column("property", style="bold")
-    table.add_column("value")
-    for label, value in spec.describe_rows():
-        table.add_row(label, value)
-    console.print(table)
+    console.print(slice_table(spec))
 
     t0 = time.monotonic()
     console.print(f"starting a local Ray cluster with {spec.num_hosts} simulated TPU host(s)...")
