@@ -92,6 +92,8 @@ def main() -> None:
     torch.set_num_threads(1)
     import xlasim
 
+    xlasim.register_xla_device()  # before the eager runs' backward passes
+
     # Interleave the two measurements so machine noise hits both alike.
     eager, sim = [], []
     for _ in range(3):

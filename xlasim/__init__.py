@@ -14,6 +14,7 @@ __all__ = [
     "is_active",
     "recompilation_report",
     "recompilations",
+    "register_xla_device",
     "simulate",
 ]
 
@@ -41,6 +42,18 @@ def __getattr__(name: str):
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value
+
+
+def register_xla_device() -> None:
+    """Registers the simulated ``xla`` device with PyTorch now.
+
+    Entering a simulation does this too; call it first in a process that runs eager CPU
+    training before simulating, because autograd fixes its set of devices at the first
+    backward pass of a process.
+    """
+    from xlasim._device import ensure_device_guard
+
+    ensure_device_guard()
 
 
 def current_runtime():

@@ -108,9 +108,9 @@ def check_autograd_engine(make_tensor: Callable[[], torch.Tensor]) -> None:
             raise
         raise RuntimeError(
             "xlasim: this process ran a backward pass before the simulated XLA device was "
-            "registered, and PyTorch's autograd engine cannot add a device afterwards. Import "
-            "xlasim (or activate the simulation) before any backward pass, or run the "
-            "simulated program in a fresh process (`xlasim run -- python ...`)."
+            "registered, and PyTorch's autograd engine cannot add a device afterwards. Call "
+            "xlasim.register_xla_device() (or enter xlasim.simulate) before any backward pass, "
+            "or run the simulated program in a fresh process (`xlasim run -- python ...`)."
         ) from None
 
 
