@@ -16,27 +16,14 @@ from __future__ import annotations
 import functools
 from collections import OrderedDict
 from collections.abc import Iterator
-from enum import IntEnum
 from typing import Any, Union
 
 import numpy as np
 
-from xlasim._spmd.op_sharding import OpSharding
+from xlasim._spmd.op_sharding import OpSharding, ShardingType
 
 # One entry per tensor dim: a mesh axis (index or name), several axes, or None (replicated).
 PartitionSpec = tuple[Union[tuple[Union[int, str], ...], int, str, None], ...]  # noqa: UP007
-
-
-class ShardingType(IntEnum):
-    """``xs.ShardingType``: the values are XLA's ``OpSharding.Type`` numbers."""
-
-    REPLICATED = 0
-    MAXIMAL = 1
-    TUPLE = 2
-    TILED = 3
-    MANUAL = 4
-    PARTIAL = 5
-    UNKNOWN = 6
 
 
 def _check_mesh(

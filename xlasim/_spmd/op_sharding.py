@@ -32,8 +32,8 @@ class ProtoType(IntEnum):
     UNKNOWN = 5
 
 
-class ShardingKind(IntEnum):
-    """torch_xla's ``ShardingUtil::ShardingType`` (== Python ``xs.ShardingType``)."""
+class ShardingType(IntEnum):
+    """torch_xla's ``ShardingUtil::ShardingType``, also the public ``xs.ShardingType``."""
 
     REPLICATED = 0
     MAXIMAL = 1
@@ -42,6 +42,10 @@ class ShardingKind(IntEnum):
     MANUAL = 4
     PARTIAL = 5
     UNKNOWN = 6
+
+
+# The internal name used across the SPMD logic.
+ShardingKind = ShardingType
 
 
 class OpSharding:
