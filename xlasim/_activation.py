@@ -140,15 +140,13 @@ class simulate:  # noqa: N801 - used like a function: `with xlasim.simulate(...)
         accelerator: str | None = None,
         host_index: int = 0,
     ) -> None:
-        from tpu_backend.topology import parse_slice
+        from tpu_backend.topology import parse_slice, tpu_host_env
 
         self.spec = parse_slice(topology, accelerator)
+        # Validates the host index now, before anything (torch included) is loaded.
+        tpu_host_env(self.spec, host_index)
         self.host_index = host_index
         self._runtimes: list[Any] = []
-        # Validate the host index now, before anything is swapped in.
-        from xlasim._runtime import SimRuntime
-
-        SimRuntime(self.spec, host_index)
 
     def __enter__(self) -> Any:
         from xlasim import _runtime

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from tpu_backend.topology import SliceSpec
+from tpu_backend.topology import SliceSpec, tpu_host_env
 from xlasim._graph import GraphCache
 from xlasim._metrics import Metrics
 
@@ -29,11 +29,7 @@ TORCH_XLA_ENV = (
 
 class SimRuntime:
     def __init__(self, spec: SliceSpec, host_index: int = 0) -> None:
-        if not 0 <= host_index < spec.num_hosts:
-            raise ValueError(
-                f"host_index {host_index} is out of range for a {spec.num_hosts}-host "
-                f"{spec.pod_type} slice: valid host indices are 0..{spec.num_hosts - 1}"
-            )
+        tpu_host_env(spec, host_index)  # the slice model's host-index check
         self.spec = spec
         self.host_index = host_index
         self.metrics = Metrics()
