@@ -20,15 +20,14 @@ from tpu_backend.topology import (
 )
 
 if TYPE_CHECKING:
-    from tpu_backend.backend import TPUXLABackend
-    from tpu_backend.config import TPUTorchConfig
+    from tpu_backend.config import TPUTorchConfig, TPUXLABackend
     from tpu_backend.trainer import TorchTrainer
 
 # name -> module holding it; imported on first attribute access (they import ray/torch).
 _LAZY = {
     "TorchTrainer": "tpu_backend.trainer",
     "TPUTorchConfig": "tpu_backend.config",
-    "TPUXLABackend": "tpu_backend.backend",
+    "TPUXLABackend": "tpu_backend.config",
     "SeamlessTPUTrainer": "tpu_backend.seamless",
     "detect_device": "tpu_backend.seamless",
     "to_device": "tpu_backend.seamless",

@@ -20,12 +20,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tpu_backend.topology import DEFAULT_AXIS_NAMES, default_mesh_for
+
 __all__ = [
-    "DEFAULT_AXIS_NAMES",
     "SPMD_CONFIG_KEYS",
     "PARTITIONING_MODES",
     "MeshPlan",
-    "default_mesh_for",
     "plan_mesh",
     "normalize_spmd_config",
     "build_mesh",
@@ -33,7 +33,6 @@ __all__ = [
     "as_axis_names",
 ]
 
-DEFAULT_AXIS_NAMES = ("data", "model")
 SPMD_CONFIG_KEYS = ("mesh_shape", "data_parallel_size", "model_parallel_size", "partitioning_mode")
 # 'manual': the user's mark_sharding annotations decide (xr.use_spmd()).
 # 'auto': XLA's auto-sharding pass decides (xr.use_spmd(auto=True), TPU only in torch_xla 2.9).
@@ -56,15 +55,6 @@ class MeshPlan:
     def describe(self) -> str:
         axes = ", ".join(f"{n}={s}" for n, s in zip(self.axis_names, self.shape, strict=True))
         return f"Mesh({axes})"
-
-
-def default_mesh_for(num_devices: int, num_hosts: int) -> tuple[tuple[int, ...], tuple[str, ...]]:
-    """The default mesh for ``num_devices`` devices on ``num_hosts`` hosts (processes)."""
-    if num_hosts > 1:
-        if num_devices % num_hosts:
-            raise ValueError(f"{num_devices} devices cannot be split evenly over {num_hosts} hosts")
-        return (num_hosts, num_devices // num_hosts), DEFAULT_AXIS_NAMES
-    return (num_devices,), DEFAULT_AXIS_NAMES[:1]
 
 
 def as_shape(value: Any, what: str) -> tuple[int, ...]:
