@@ -4,13 +4,14 @@ Planning (:func:`plan_mesh`) is pure arithmetic, so the driver can reject a mesh
 not cover the slice before any worker starts.  Building (:func:`build_mesh`) runs on the
 worker after ``xr.use_spmd()`` and imports torch_xla there, never at module import.
 
-Default rule (the seeds'): on a multi-host slice ``(hosts, devices_per_host)`` over
-``('data', 'model')``; on one host ``(devices,)`` over ``('data',)``.  The device ids are
-laid out host-major: row ``h`` of a multi-host mesh holds the devices process ``h`` can
-address, so the ``model`` axis stays inside a host and each host's slice of the ``data``
-axis is the part of the global batch it loads.  torch_xla numbers TPU devices by chip
-coordinates, which on a v6e 4x4 gives host 0 the ids 0, 1, 4, 5, so ``np.arange`` alone
-would not keep rows on hosts; the builder gathers each process's addressable ids instead.
+Default rule (:func:`tpu_backend.topology.default_mesh_for`): on a multi-host slice
+``(hosts, devices_per_host)`` over ``('data', 'model')``; on one host ``(devices,)`` over
+``('data',)``.  The device ids are laid out host-major: row ``h`` of a multi-host mesh holds
+the devices process ``h`` can address, so the ``model`` axis stays inside a host and each
+host's slice of the ``data`` axis is the part of the global batch it loads.  torch_xla
+numbers TPU devices by chip coordinates, which on a v6e 4x4 gives host 0 the ids 0, 1, 4, 5,
+so ``np.arange`` alone would not keep rows on hosts; the builder gathers each process's
+addressable ids instead.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from tpu_backend.topology import DEFAULT_AXIS_NAMES, default_mesh_for
 
@@ -253,7 +256,7 @@ def host_major_device_ids(ids_per_process: Sequence[Sequence[int]], num_devices:
 def local_device_ids() -> list[int]:
     """Global ids of the devices this process addresses, from the runtime's device names
     ('TPU:4' -> 4); empty when the runtime does not say."""
-    import torch_xla
+    import torch_xla  # deferred (here and below): runs on a worker whose torch_xla is set up
 
     try:
         names = torch_xla._XLAC._xla_get_runtime_devices()
@@ -270,7 +273,7 @@ def local_device_ids() -> list[int]:
 
 def build_mesh(plan: MeshPlan, device_ids: Sequence[int] | None = None) -> Any:
     """Create the ``torch_xla.distributed.spmd.Mesh`` for ``plan`` and make it global."""
-    import numpy as np
+    # Deferred: runs on a worker whose torch_xla is set up.
     import torch_xla.distributed.spmd as xs
     import torch_xla.runtime as xr
 

@@ -30,6 +30,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from tpu_backend.compile_cache import READONLY_POLICIES
+
 __all__ = ["MIXED_PRECISION_MODES", "PRECISIONS", "SeamlessConfig"]
 
 PRECISIONS = ("fp32", "bf16")
@@ -82,8 +84,6 @@ class SeamlessConfig:
                 f"compile_cache_dir {self.compile_cache_dir!r} is set but compile_cache=False; "
                 f"set compile_cache=True or drop compile_cache_dir"
             )
-        from tpu_backend.compile_cache import READONLY_POLICIES
-
         if self.compile_cache_readonly not in READONLY_POLICIES or (
             self.compile_cache_readonly in (0, 1)
             and not isinstance(self.compile_cache_readonly, bool)

@@ -13,6 +13,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.utils._pytree import tree_map
@@ -89,8 +90,7 @@ def _xla_mesh(spmd: bool, in_ray: bool) -> Any:
         mesh = context.get_xla_mesh()
         if mesh is not None:
             return mesh
-    # Deferred (here and below): torch_xla is imported only once an XLA device is configured.
-    import numpy as np
+    # Deferred: torch_xla is imported only once an XLA device is configured.
     import torch_xla.distributed.spmd as xs
     import torch_xla.runtime as xr
 
@@ -105,6 +105,7 @@ def detect_device() -> DeviceInfo:
     """TPU (torch_xla) -> GPU -> CPU, inside or outside a Ray Train worker."""
     in_ray = in_ray_train()
     if xla_configured():
+        # Deferred: torch_xla is imported only once an XLA device is configured.
         import torch_xla
         import torch_xla.runtime as xr
 

@@ -23,7 +23,7 @@ class SeamlessOptimizer(torch.optim.Optimizer):
         self.optimizer = optimizer
         self._step = step
 
-    @property  # type: ignore[override]
+    @property
     def param_groups(self) -> Any:
         return self.optimizer.param_groups
 
@@ -31,7 +31,7 @@ class SeamlessOptimizer(torch.optim.Optimizer):
     def param_groups(self, value: Any) -> None:
         self.optimizer.param_groups = value
 
-    @property  # type: ignore[override]
+    @property
     def state(self) -> Any:
         return self.optimizer.state
 
@@ -39,7 +39,7 @@ class SeamlessOptimizer(torch.optim.Optimizer):
     def state(self, value: Any) -> None:
         self.optimizer.state = value
 
-    @property  # type: ignore[override]
+    @property
     def defaults(self) -> Any:
         return self.optimizer.defaults
 
@@ -47,7 +47,7 @@ class SeamlessOptimizer(torch.optim.Optimizer):
     def defaults(self, value: Any) -> None:
         self.optimizer.defaults = value
 
-    def step(self, closure: Any = None) -> Any:  # type: ignore[override]
+    def step(self, closure: Any = None) -> Any:
         return self._step(self.optimizer, closure)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
