@@ -74,7 +74,7 @@ class TPUTorchConfig(TorchConfig):
             ``ScalingConfig`` (``topology``, ``accelerator_type``).  When both give one
             they must agree.
         mesh_shape, axis_names: Override the default mesh.
-        xla_spmd_config: The seeds' dict: ``mesh_shape``, ``data_parallel_size``,
+        xla_spmd_config: A dict of ``mesh_shape``, ``data_parallel_size``,
             ``model_parallel_size``, ``partitioning_mode`` (``'manual'`` or ``'auto'``).
         compilation_cache_dir: Initialize torch_xla's persistent compilation cache under
             this directory on every worker (``xr.initialize_cache``, before any

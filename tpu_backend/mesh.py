@@ -97,7 +97,7 @@ def _positive_int(value: Any, what: str) -> int:
 
 
 def normalize_spmd_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Check the seeds' ``xla_spmd_config`` dict on its own (no slice needed).
+    """Check an ``xla_spmd_config`` dict on its own (no slice needed).
 
     Returns a copy with ``mesh_shape`` as a tuple.  Unknown keys, bad values and a
     ``mesh_shape`` that contradicts ``data_parallel_size``/``model_parallel_size`` raise

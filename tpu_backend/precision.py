@@ -1,4 +1,4 @@
-"""The seamless trainer's settings (seed 004's knobs): what maps to torch_xla 2.9, and what not.
+"""The seamless trainer's settings: what maps to torch_xla 2.9, and what not.
 
 Implemented, because torch_xla 2.9 has a real mechanism for them:
 
