@@ -7,9 +7,9 @@ parts (``TorchTrainer``, ``TPUTorchConfig``, ``TPUXLABackend``) load on first ac
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from tpu_backend._lazy import lazy_getattr
 from tpu_backend.context import get_xla_mesh, get_xla_worker_state, is_xla_backend
 from tpu_backend.topology import (
     DEFAULT_ACCELERATOR,
@@ -57,10 +57,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'tpu_backend' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _LAZY, globals())

@@ -47,6 +47,15 @@ SPMD_INIT_METHODS = ("env", "tcp")
 MULTIPROCESS_INIT_METHODS = ("xla",)
 
 
+def _for_mode(name: str, value: str | None, valid: tuple[str, ...], mode: str, hint: str) -> str:
+    """``value``, or the mode's default (the first valid one) when None; else ValueError."""
+    if value is None:
+        return valid[0]
+    if value not in valid:
+        raise ValueError(f"{name} {value!r} is not valid with {mode}; valid: {hint}")
+    return value
+
+
 @dataclass(frozen=True)
 class ResolvedSlice:
     """The slice a run targets and the plan derived from it, decided on the driver."""
@@ -112,41 +121,41 @@ class TPUTorchConfig(TorchConfig):
         self._spmd_config = normalize_spmd_config(self.xla_spmd_config)
         mode = self._spmd_config.get("partitioning_mode")
         if self.spmd:
-            if self.backend is None:
-                self.backend = "gloo"
-            if self.backend not in SPMD_PROCESS_GROUP_BACKENDS:
-                hint = (
-                    " (torch_xla raises 'XLA backend is not supported with SPMD. Please use a "
-                    "CPU process group instead.')"
-                    if self.backend == "xla"
-                    else ""
-                )
-                raise ValueError(
-                    f"backend {self.backend!r} is not valid with spmd=True{hint}; valid: "
-                    f"'gloo' (a CPU process group next to SPMD), or set spmd=False for 'xla'"
-                )
-            if self.init_method is None:
-                self.init_method = "env"
-            if self.init_method not in SPMD_INIT_METHODS:
-                raise ValueError(
-                    f"init_method {self.init_method!r} is not valid with spmd=True; valid: "
-                    f"{', '.join(map(repr, SPMD_INIT_METHODS))}"
-                )
+            hint = (
+                " (torch_xla raises 'XLA backend is not supported with SPMD. Please use a "
+                "CPU process group instead.')"
+                if self.backend == "xla"
+                else ""
+            )
+            self.backend = _for_mode(
+                "backend",
+                self.backend,
+                SPMD_PROCESS_GROUP_BACKENDS,
+                f"spmd=True{hint}",
+                "'gloo' (a CPU process group next to SPMD), or set spmd=False for 'xla'",
+            )
+            self.init_method = _for_mode(
+                "init_method",
+                self.init_method,
+                SPMD_INIT_METHODS,
+                "spmd=True",
+                ", ".join(map(repr, SPMD_INIT_METHODS)),
+            )
         else:
-            if self.backend is None:
-                self.backend = "xla"
-            if self.backend != "xla":
-                raise ValueError(
-                    f"backend {self.backend!r} is not valid with spmd=False; valid: 'xla' "
-                    f"(torch_xla's process group, one process per chip)"
-                )
-            if self.init_method is None:
-                self.init_method = "xla"
-            if self.init_method not in MULTIPROCESS_INIT_METHODS:
-                raise ValueError(
-                    f"init_method {self.init_method!r} is not valid with spmd=False; valid: "
-                    f"'xla' (torch_xla's xla:// rendezvous)"
-                )
+            self.backend = _for_mode(
+                "backend",
+                self.backend,
+                ("xla",),
+                "spmd=False",
+                "'xla' (torch_xla's process group, one process per chip)",
+            )
+            self.init_method = _for_mode(
+                "init_method",
+                self.init_method,
+                MULTIPROCESS_INIT_METHODS,
+                "spmd=False",
+                "'xla' (torch_xla's xla:// rendezvous)",
+            )
             given = [
                 name
                 for name, value in (

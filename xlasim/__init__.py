@@ -1,8 +1,8 @@
 """xlasim: run torch_xla programs on a CPU-only machine against a simulated TPU slice."""
 
-import importlib
 from typing import Any
 
+from tpu_backend._lazy import lazy_getattr
 from xlasim._activation import is_active, simulate
 
 __all__ = [
@@ -36,13 +36,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'xlasim' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _LAZY, globals())
 
 
 def register_xla_device() -> None:

@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+from tpu_backend.seamless.forwarding import Forwarded
+
 __all__ = ["SeamlessOptimizer"]
 
 
@@ -23,29 +25,9 @@ class SeamlessOptimizer(torch.optim.Optimizer):
         self.optimizer = optimizer
         self._step = step
 
-    @property
-    def param_groups(self) -> Any:
-        return self.optimizer.param_groups
-
-    @param_groups.setter
-    def param_groups(self, value: Any) -> None:
-        self.optimizer.param_groups = value
-
-    @property
-    def state(self) -> Any:
-        return self.optimizer.state
-
-    @state.setter
-    def state(self, value: Any) -> None:
-        self.optimizer.state = value
-
-    @property
-    def defaults(self) -> Any:
-        return self.optimizer.defaults
-
-    @defaults.setter
-    def defaults(self, value: Any) -> None:
-        self.optimizer.defaults = value
+    param_groups = Forwarded("optimizer", writable=True)
+    state = Forwarded("optimizer", writable=True)
+    defaults = Forwarded("optimizer", writable=True)
 
     def step(self, closure: Any = None) -> Any:
         return self._step(self.optimizer, closure)

@@ -15,6 +15,7 @@ from torch.nn.parallel import DistributedDataParallel
 from tpu_backend import compile_cache, context
 from tpu_backend.precision import SeamlessConfig
 from tpu_backend.seamless.device import DeviceInfo, detect_device, in_ray_train, to_device
+from tpu_backend.seamless.forwarding import Forwarded
 from tpu_backend.seamless.loader import BatchSharding, DeviceBatches, distribute
 from tpu_backend.seamless.optimizer import SeamlessOptimizer
 from tpu_backend.topology import parse_slice
@@ -80,37 +81,20 @@ class SeamlessTPUTrainer:
         self.model = self.prepare_model(model) if model is not None else None
         self.optimizer = self.prepare_optimizer(optimizer) if optimizer is not None else None
 
-    # -- what the loop may ask ---------------------------------------------------------
-    @property
-    def device(self) -> Any:
-        return self.info.device
+    # -- what the loop may ask (see DeviceInfo) ------------------------------------------
+    device = Forwarded("info")
+    spmd = Forwarded("info")
+    mesh = Forwarded("info")
+    num_processes = Forwarded("info")
+    """Processes of this job (SPMD: hosts; otherwise ranks)."""
+    num_data_loaders = Forwarded("info")
+    """Processes loading distinct parts of each global batch; per-process batch size =
+    global batch size // num_data_loaders (1 under SPMD: each host loads it all)."""
+    process_index = Forwarded("info")
 
     @property
     def is_xla(self) -> bool:
         return self.info.kind == "xla"
-
-    @property
-    def spmd(self) -> bool:
-        return self.info.spmd
-
-    @property
-    def mesh(self) -> Any:
-        return self.info.mesh
-
-    @property
-    def num_processes(self) -> int:
-        """Processes of this job (SPMD: hosts; otherwise ranks)."""
-        return self.info.num_processes
-
-    @property
-    def num_data_loaders(self) -> int:
-        """Processes loading distinct parts of each global batch; per-process batch size =
-        global batch size // num_data_loaders (1 under SPMD: each host loads it all)."""
-        return self.info.num_data_loaders
-
-    @property
-    def process_index(self) -> int:
-        return self.info.process_index
 
     @property
     def is_main_process(self) -> bool:

@@ -61,11 +61,15 @@ class OpSharding:
         replication_groups: list[Any],
         sharding_type: int,
     ) -> None:
-        check_constructor_lists(tile_assignment, group_assignment, replication_groups)
+        _check_constructor_lists(tile_assignment, group_assignment, replication_groups)
+        self._on_create()
         fields = create_op_sharding_fields(
             tile_assignment, group_assignment, replication_groups, int(sharding_type)
         )
         self._type, self._dims, self._devices, self._last_tile_dim_replicate = fields
+
+    def _on_create(self) -> None:
+        """Runs for each OpSharding the constructor makes (the simulated surface counts it)."""
 
     @classmethod
     def from_fields(
@@ -163,7 +167,7 @@ class OpSharding:
         return f"<_XLAC.OpSharding object at {hex(id(self))}>"
 
 
-def check_constructor_lists(
+def _check_constructor_lists(
     tile_assignment: Any, group_assignment: Any, replication_groups: Any
 ) -> None:
     """The pybind argument check of ``OpSharding(list, list, list, int)``."""

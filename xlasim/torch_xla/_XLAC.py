@@ -215,16 +215,8 @@ class OpSharding(op_sharding.OpSharding):
 
     __slots__ = ()
 
-    def __init__(
-        self,
-        tile_assignment: list[Any],
-        group_assignment: list[Any],
-        replication_groups: list[Any],
-        sharding_type: int,
-    ) -> None:
-        op_sharding.check_constructor_lists(tile_assignment, group_assignment, replication_groups)
+    def _on_create(self) -> None:
         state.count("CreateOpSharding")
-        super().__init__(tile_assignment, group_assignment, replication_groups, sharding_type)
 
 
 def xla_tensor(t: Any) -> Any:
@@ -359,13 +351,18 @@ def _sharded(x: Any, message: str = "Tensor is not sharded") -> TensorSharding:
     return sharding
 
 
-def _get_local_shards(tensors: Sequence[Any]) -> list[list[tuple[torch.Tensor, str]]]:
+def _local_shardings(
+    tensors: Sequence[Any],
+) -> tuple[state.SimRuntime, list[int], list[tuple[Any, TensorSharding]]]:
+    """(runtime, this host's device ordinals, each device tensor with its sharding)."""
     rt = state.current()
-    local = rt.addressable_device_ids()
+    return rt, rt.addressable_device_ids(), [(x, _sharded(x)) for x in map(xla_tensor, tensors)]
+
+
+def _get_local_shards(tensors: Sequence[Any]) -> list[list[tuple[torch.Tensor, str]]]:
+    rt, local, sharded = _local_shardings(tensors)
     out = []
-    for t in tensors:
-        x = xla_tensor(t)
-        sharding = _sharded(x)
+    for x, sharding in sharded:
         value = global_value(x)
         start = time.perf_counter_ns()
         padded = sharding.shard_shape()
@@ -378,18 +375,24 @@ def _get_local_shards(tensors: Sequence[Any]) -> list[list[tuple[torch.Tensor, s
 
 
 def _get_local_shard_replica_and_indices(tensors: Sequence[Any]) -> list[list[tuple[int, Any]]]:
-    rt = state.current()
-    local = rt.addressable_device_ids()
-    out = []
-    for t in tensors:
-        x = xla_tensor(t)
-        sharding = _sharded(x)
-        out.append(replica_and_indices(sharding.op, tuple(x.shape), local))
-    return out
+    _, local, sharded = _local_shardings(tensors)
+    return [replica_and_indices(s.op, tuple(x.shape), local) for x, s in sharded]
 
 
 def _shape_text(shape: Sequence[int]) -> str:
     return "[" + ", ".join(str(int(d)) for d in shape) + "]"
+
+
+def _check_shard_shapes(
+    shards: Sequence[torch.Tensor], padded: Sequence[int], condition: str
+) -> None:
+    for shard in shards:
+        if list(shard.shape) != list(padded):
+            raise check_failed(
+                condition,
+                f"Input shard shape must include padding: {_shape_text(shard.shape)} vs "
+                f"{_shape_text(padded)}",
+            )
 
 
 def _load_local_shards(t: Any, shards: Sequence[torch.Tensor], devices: Sequence[str]) -> None:
@@ -407,14 +410,7 @@ def _load_local_shards(t: Any, shards: Sequence[torch.Tensor], devices: Sequence
             "sharding.type() != xla::OpSharding::REPLICATED",
             "Replicated tensor should not be loaded from _load_local_shards - use copy_",
         )
-    padded = sharding.shard_shape()
-    for shard in shards:
-        if list(shard.shape) != list(padded):
-            raise check_failed(
-                "shard.sizes() == shard_shape",
-                f"Input shard shape must include padding: {_shape_text(shard.shape)} vs "
-                f"{_shape_text(padded)}",
-            )
+    _check_shard_shapes(shards, sharding.shard_shape(), "shard.sizes() == shard_shape")
     value = global_value(x).clone()
     ordinals = [_ordinal(d) for d in devices]
     shards, ordinals = gather_shards(rt, shards, ordinals)
@@ -450,13 +446,7 @@ def _global_tensor_from_cpu_shards(
             raise check_failed("false", f"Unsupported OpSharding type: {int(sharding.proto_type)}")
     spec = TensorSharding(sharding, global_shape)
     expected = shard_shape(sharding, spec.shape)
-    for shard in shards:
-        if list(shard.shape) != list(expected):
-            raise check_failed(
-                "shard.sizes() == expected_shard_shape",
-                f"Input shard shape must include padding: {_shape_text(shard.shape)} vs "
-                f"{_shape_text(expected)}",
-            )
+    _check_shard_shapes(shards, expected, "shard.sizes() == expected_shard_shape")
     value = torch.zeros(spec.shape, dtype=shards[0].dtype)
     if spec.op.proto_type == ProtoType.REPLICATED:
         value.copy_(shards[0])  # each host reads back its own replica
