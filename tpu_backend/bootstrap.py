@@ -404,7 +404,8 @@ def bootstrap_worker(b: WorkerBootstrap) -> dict[str, Any]:
             device_ids = host_major_device_ids([ids], n_global)
         mesh = build_mesh(plan, device_ids)
     else:
-        import torch_xla.distributed.xla_backend  # noqa: F401 - registers 'xla' + xla://
+        # Deferred like torch_xla above; importing it registers 'xla' and xla://.
+        import torch_xla.distributed.xla_backend  # noqa: F401
 
         if not dist.is_initialized():
             dist.init_process_group(backend="xla", init_method="xla://", timeout=timeout)

@@ -1,8 +1,8 @@
 """Simulated ``xla`` device tensors: a wrapper subclass around a CPU tensor.
 
 Ops compute eagerly on the wrapped CPU tensor, so results equal eager CPU torch bit for bit,
-while each op also records a lazy-IR node (see ``_graph``) so compile accounting follows what
-real torch_xla would do with the same program.
+while each op also records a lazy-IR node (see :mod:`xlasim.runtime.graph`) so compile
+accounting follows what real torch_xla would do with the same program.
 """
 
 from __future__ import annotations
