@@ -34,7 +34,9 @@ def local_ray():
 
     if ray.is_initialized():
         pytest.skip("ray is already initialized in this process")
+    # address="local": a new cluster of its own, never one another process started here.
     ray.init(
+        address="local",
         num_cpus=2,
         include_dashboard=False,
         object_store_memory=80 * 1024 * 1024,
