@@ -65,7 +65,7 @@ def _same_data_on_every_host(rt, value: torch.Tensor) -> list[torch.Tensor]:
 
 def sim_step_seconds(topology: str, accelerator: str, steps: int) -> float:
     import xlasim
-    from xlasim._spmd import hosts
+    from xlasim.runtime import hosts
 
     gather = hosts.all_gather
     hosts.all_gather = _same_data_on_every_host

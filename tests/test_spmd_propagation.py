@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import xlasim
-from xlasim._spmd.propagation import UNKNOWN, Propagation, _combine, _leaf
+from xlasim.sharding.propagation import UNKNOWN, Propagation, _combine, _leaf
 
 PARTIAL_X = "{devices=[2,1,2]0,1,2,3 last_tile_dim_replicate}"
 
@@ -79,7 +79,7 @@ def _same(a, b):
 @settings(max_examples=150, deadline=None)
 @given(st.data())
 def test_memoised_walk_agrees_with_the_naive_definition(data):
-    from xlasim._graph import Node
+    from xlasim.runtime.graph import Node
 
     aten = torch.ops.aten
     specs = ["", "{replicated}", TILED, OTHER_TILED]
