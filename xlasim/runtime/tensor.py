@@ -112,21 +112,19 @@ _make_wrapper = torch.Tensor._make_wrapper_subclass
 def _new(elem: torch.Tensor, device: torch.device, node: Node | None) -> XlaSimTensor:
     """A wrapper of ``elem`` on ``device`` (the op path's constructor: no Python ``__new__``).
 
-    A fresh contiguous result lets torch derive the strides itself, which is markedly cheaper
-    than handing them over; views keep their exact strides and offset.
+    Arguments go to torch positionally (size, strides, storage_offset, memory_format, dtype,
+    layout, device): keyword parsing is a good part of the call's cost.
     """
-    if elem.is_contiguous() and not elem.storage_offset() and elem.layout is _STRIDED:
-        r = _make_wrapper(XlaSimTensor, elem.size(), dtype=elem.dtype, device=device)
-    else:
-        r = _make_wrapper(
-            XlaSimTensor,
-            elem.size(),
-            strides=elem.stride(),
-            storage_offset=elem.storage_offset(),
-            dtype=elem.dtype,
-            layout=elem.layout,
-            device=device,
-        )
+    r = _make_wrapper(
+        XlaSimTensor,
+        elem.size(),
+        elem.stride(),
+        elem.storage_offset(),
+        None,
+        elem.dtype,
+        elem.layout,
+        device,
+    )
     r._elem = elem
     r._device = device
     r._node = node
@@ -137,9 +135,6 @@ def _new(elem: torch.Tensor, device: torch.device, node: Node | None) -> XlaSimT
     # torch_xla orders a graph's outputs by tensor creation; so do we.
     r._seq = next(_creation_order)
     return r
-
-
-_STRIDED = torch.strided
 
 
 class _OpInfo:
@@ -283,10 +278,8 @@ def _run(info: _OpInfo, args: Any, kwargs: Any) -> Any:
             kwargs["generator"] = runtime.generator
     elif info.generator:
         kwargs = {"generator": runtime.generator}
-    else:
-        kwargs = _NO_KWARGS
     try:
-        out = info.call(*cargs, **kwargs)
+        out = info.call(*cargs, **kwargs) if kwargs else info.call(*cargs)
     except RuntimeError as exc:
         message = _errors.translate(info.op, tuple(cargs), exc)
         if message is None:
@@ -300,7 +293,7 @@ def _run(info: _OpInfo, args: Any, kwargs: Any) -> Any:
         for w in wrappers:  # in-place / out= ops hand back their input
             if w._elem is out:
                 return _update(w, out, 0, info.op, base, node_inputs, pending)
-        node = Node(hash((base, 0, out.shape, _dtype_key(out.dtype))), info.op, node_inputs)
+        node = Node(hash((base, 0, out.shape, _DTYPE_KEYS[out.dtype])), info.op, node_inputs)
         t = _new(out, device, node)
         pending.append(weakref.ref(t))
         return t
@@ -315,18 +308,18 @@ def _run(info: _OpInfo, args: Any, kwargs: Any) -> Any:
     return out
 
 
-_NO_KWARGS: dict[str, Any] = {}
 _stack = _runtime._stack
 
 
-def _dtype_key(dtype: torch.dtype) -> int:
-    key = _DTYPE_KEYS.get(dtype)
-    if key is None:
-        key = _DTYPE_KEYS[dtype] = stable_id(dtype)
-    return key
+class _StableIds(dict):
+    """``stable_id`` as a dict lookup (no Python call once a key has been seen)."""
+
+    def __missing__(self, key: Any) -> int:
+        value = self[key] = stable_id(key)
+        return value
 
 
-_DTYPE_KEYS: dict[torch.dtype, int] = {}
+_DTYPE_KEYS = _StableIds()
 
 
 def _update(w: XlaSimTensor, o: torch.Tensor, index, func, base, inputs, pending) -> XlaSimTensor:
@@ -336,7 +329,7 @@ def _update(w: XlaSimTensor, o: torch.Tensor, index, func, base, inputs, pending
         w._leaf = None
     if w._node is None:
         w._aliased = True
-    w._node = Node(hash((base, index, o.shape, _dtype_key(o.dtype))), func, inputs)
+    w._node = Node(hash((base, index, o.shape, _DTYPE_KEYS[o.dtype])), func, inputs)
     pending.append(weakref.ref(w))
     return w
 
@@ -344,7 +337,7 @@ def _update(w: XlaSimTensor, o: torch.Tensor, index, func, base, inputs, pending
 def _wrap_output(o, index, func, base, inputs, device, existing, pending):
     if existing is not None:  # in-place / out= ops hand back their input
         return _update(existing, o, index, func, base, inputs, pending)
-    node = Node(hash((base, index, o.shape, _dtype_key(o.dtype))), func, inputs)
+    node = Node(hash((base, index, o.shape, _DTYPE_KEYS[o.dtype])), func, inputs)
     t = _new(o, device, node)
     pending.append(weakref.ref(t))
     return t
