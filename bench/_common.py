@@ -1,7 +1,9 @@
 """Models and timing helpers the simulator benchmarks share.
 
 Each benchmark measures the simulator side by side with eager CPU torch in one process and
-prints ratios; absolute times on a shared 2-core machine mean little.
+prints ratios; absolute times on a shared 2-core machine mean little.  Times are the process's
+CPU time (all its threads), which other processes' load does not inflate the way it does
+wall-clock time.
 """
 
 from __future__ import annotations
@@ -97,6 +99,7 @@ def train_step(
 
 
 def timed(fn: Callable[[], Any]) -> float:
-    start = time.perf_counter()
+    """CPU seconds ``fn()`` took."""
+    start = time.process_time()
     fn()
-    return time.perf_counter() - start
+    return time.process_time() - start

@@ -46,9 +46,9 @@ def _median_step(step, steps: int) -> float:
         step()
     times = []
     for _ in range(steps):
-        start = time.perf_counter()
+        start = time.process_time()
         step()
-        times.append(time.perf_counter() - start)
+        times.append(time.process_time() - start)
     return statistics.median(times)
 
 
@@ -78,7 +78,7 @@ def sim_step_seconds(topology: str, accelerator: str, steps: int) -> tuple[float
             import torch_xla.distributed.spmd as xs
             import torch_xla.runtime as xr
 
-            start = time.perf_counter()
+            start = time.process_time()
 
             xr.use_spmd()
             n = rt.spec.num_devices
@@ -99,7 +99,7 @@ def sim_step_seconds(topology: str, accelerator: str, steps: int) -> tuple[float
                 loss.item()
 
             step()
-            setup = time.perf_counter() - start
+            setup = time.process_time() - start
             return setup, _median_step(step, steps)
     finally:
         hosts.all_gather = gather
