@@ -34,7 +34,7 @@ from pathlib import Path
 from _bounded import run_bounded  # this folder's helper (the script's dir is on sys.path)
 
 _SMALL_DECODER = [
-    "--num-steps", "3", "--hidden-size", "64", "--num-layers", "2", "--num-attention-heads", "4",
+    "--num-steps", "21", "--hidden-size", "64", "--num-layers", "2", "--num-attention-heads", "4",
     "--num-key-value-heads", "2", "--intermediate-size", "128",
 ]  # fmt: skip
 
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     # The programs write next to themselves (__pycache__); run a copy, never the source.
     args.work_dir = args.out_dir / "examples"
     shutil.rmtree(args.work_dir, ignore_errors=True)
-    shutil.copytree(args.examples_dir, args.work_dir)
+    shutil.copytree(args.examples_dir, args.work_dir, symlinks=True)  # docs links dangle
     print(f"logs: {args.out_dir}", file=sys.stderr)
 
     names = args.only or list(PROGRAMS)
