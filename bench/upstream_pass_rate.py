@@ -198,7 +198,9 @@ def summarize(files: list[str], real: dict[str, FileRun], sim: dict[str, FileRun
         real_pass = sorted(t for t, o in r.outcomes.items() if o == PASSED)
         sim_pass = [t for t in real_pass if s.outcomes.get(t) == PASSED]
         failures = {
-            t: s.first_lines.get(t) or s.outcomes.get(t) or f"not run on sim ({s.note})"
+            t: f"[{s.outcomes[t]}] {s.first_lines.get(t, '')}".rstrip()
+            if t in s.outcomes
+            else f"[not run] {s.note or 'not collected'}"
             for t in real_pass
             if t not in sim_pass
         }

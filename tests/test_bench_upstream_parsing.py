@@ -107,7 +107,13 @@ def test_summary_counts_only_tests_that_pass_on_real(pass_rate) -> None:
     summary = pass_rate.summarize(["f.py"], {"f.py": real}, {"f.py": sim})
     assert (summary["real_passed"], summary["sim_passed"]) == (2, 1)
     assert summary["percent"] == 50.0
-    assert summary["files"][0]["sim_failures"] == {"A::t2": "AttributeError: no x"}
+    assert summary["files"][0]["sim_failures"] == {"A::t2": "[error] AttributeError: no x"}
+    sim_cut = pass_rate.FileRun({"A::t1": "skipped"}, note="time bound 9s tripped (--timeout)")
+    summary = pass_rate.summarize(["f.py"], {"f.py": real}, {"f.py": sim_cut})
+    assert summary["files"][0]["sim_failures"] == {
+        "A::t1": "[skipped]",
+        "A::t2": "[not run] time bound 9s tripped (--timeout)",
+    }
 
 
 def test_example_log_parsing(examples) -> None:
