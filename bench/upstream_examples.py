@@ -92,8 +92,14 @@ def parse_output(output: str, rc: int | None, timeout: float) -> Outcome:
     return Outcome(status, len(steps), losses, error[:300])
 
 
+# What a program expects the machine to have before it starts (it asserts the folder exists).
+SETUP_DIRS = {"resnet_profile": "/tmp/profile"}
+
+
 def run_program(name: str, side: str, args) -> Outcome:
     program, prog_args = PROGRAMS[name]
+    if name in SETUP_DIRS:
+        os.makedirs(SETUP_DIRS[name], exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("XLASIM_")}
     for key in ("PJRT_DEVICE", "CPU_NUM_DEVICES"):
         env.pop(key, None)
