@@ -68,6 +68,11 @@ _LOSS = re.compile(r"\bloss: (?:tensor\()?([-+0-9.eE]+|nan|inf)")
 _EXCEPTION = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt)\b")
 
 
+def _is_fatal(line: str) -> bool:
+    """XLA's fatal log lines and C++ aborts, which end a run without a Python traceback."""
+    return " F external/" in line or "Check failed" in line or line.startswith("terminate called")
+
+
 @dataclass
 class Outcome:
     status: str  # finished / logged steps / failed / time bound
@@ -80,9 +85,14 @@ def parse_output(output: str, rc: int | None, timeout: float) -> Outcome:
     lines = output.splitlines()
     steps = {int(m.group(1)) for ln in lines if (m := _STEP.search(ln))}
     losses = [m.group(1) for ln in lines if (m := _LOSS.search(ln))][:5]
-    errors = [ln.strip() for ln in lines if _EXCEPTION.match(ln.strip())]
-    fatal = [ln.strip() for ln in lines if " F external/" in ln or "Check failed" in ln]
-    error = (errors or fatal or [""])[-1]
+    error = ""
+    for i, line in enumerate(lines):
+        if line.startswith("Traceback (most recent call last)"):
+            # the exception line is the first unindented line after the frames
+            after = [ln for ln in lines[i + 1 :] if ln.strip() and not ln[0].isspace()]
+            error = after[0].strip() if after else error
+        elif _is_fatal(line) or (not error and _EXCEPTION.match(line.strip())):
+            error = line.strip()
     if rc == 0:
         status = "finished"
     elif rc is None:

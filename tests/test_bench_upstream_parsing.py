@@ -137,3 +137,15 @@ def test_example_log_parsing(examples) -> None:
         "time bound 60s after 1 logged steps"
     )
     assert examples.parse_output("done", 0, 60).status == "finished"
+    pool = "\n".join(
+        [
+            "Traceback (most recent call last):",
+            '  File "x.py", line 3, in <module>',
+            "concurrent.futures.process.BrokenProcessPool: A process in the pool was terminated",
+        ]
+    )
+    assert examples.parse_output(pool, 1, 60).error.startswith("concurrent.futures.process.Broken")
+    crash = "step 1\nterminate called after throwing an instance of 'std::bad_alloc'\n  what()"
+    assert examples.parse_output(crash, -6, 60).error == (
+        "terminate called after throwing an instance of 'std::bad_alloc'"
+    )
