@@ -85,14 +85,15 @@ def parse_output(output: str, rc: int | None, timeout: float) -> Outcome:
     lines = output.splitlines()
     steps = {int(m.group(1)) for ln in lines if (m := _STEP.search(ln))}
     losses = [m.group(1) for ln in lines if (m := _LOSS.search(ln))][:5]
-    error = ""
+    raised, fallback = "", ""
     for i, line in enumerate(lines):
         if line.startswith("Traceback (most recent call last)"):
             # the exception line is the first unindented line after the frames
             after = [ln for ln in lines[i + 1 :] if ln.strip() and not ln[0].isspace()]
-            error = after[0].strip() if after else error
-        elif _is_fatal(line) or (not error and _EXCEPTION.match(line.strip())):
-            error = line.strip()
+            raised = after[0].strip() if after else raised
+        elif _is_fatal(line) or (not fallback and _EXCEPTION.match(line.strip())):
+            fallback = line.strip()
+    error = raised or fallback  # a Python exception explains a later abort, not the reverse
     if rc == 0:
         status = "finished"
     elif rc is None:

@@ -149,3 +149,6 @@ def test_example_log_parsing(examples) -> None:
     assert examples.parse_output(crash, -6, 60).error == (
         "terminate called after throwing an instance of 'std::bad_alloc'"
     )
+    raised_then_abort = pool.replace("concurrent.futures.process.BrokenProcessPool", "ValueError")
+    raised_then_abort += "\nterminate called without an active exception"
+    assert examples.parse_output(raised_then_abort, -6, 60).error.startswith("ValueError: ")
