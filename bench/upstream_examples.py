@@ -31,7 +31,8 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from _bounded import run_bounded  # this folder's helper (the script's dir is on sys.path)
+# this folder's helper module (the script's own dir is on sys.path)
+from _upstream_run import add_side_options, check_side_options, run_bounded, side_command
 
 _SMALL_DECODER = [
     "--num-steps", "21", "--hidden-size", "64", "--num-layers", "2", "--num-attention-heads", "4",
@@ -111,16 +112,7 @@ def run_program(name: str, side: str, args) -> Outcome:
     program, prog_args = PROGRAMS[name]
     if name in SETUP_DIRS:
         os.makedirs(SETUP_DIRS[name], exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("XLASIM_")}
-    for key in ("PJRT_DEVICE", "CPU_NUM_DEVICES"):
-        env.pop(key, None)
-    env.update(args.real_env if side == "real" else args.sim_env)
-    if side == "real":
-        env.update(PJRT_DEVICE="CPU", CPU_NUM_DEVICES=str(args.cpu_devices))
-        cmd = [args.real_python, program, *prog_args]
-    else:
-        cmd = [args.sim_python, "-m", "xlasim", "run", "--topology", args.topology]
-        cmd += ["--accelerator", args.accelerator, "--", args.sim_python, program, *prog_args]
+    cmd, env = side_command(side, args, [program, *prog_args])
     log = args.out_dir / f"{side}_{name}.log"
     rc = run_bounded(
         cmd,
@@ -134,27 +126,15 @@ def run_program(name: str, side: str, args) -> Outcome:
     return parse_output(log.read_text(errors="replace"), rc, args.timeout)
 
 
-def _env_pairs(parser: argparse.ArgumentParser, flag: str, pairs: list[str]) -> dict[str, str]:
-    bad = [p for p in pairs if "=" not in p]
-    if bad:
-        parser.error(f"{flag} {bad[0]!r}: expected KEY=VALUE")
-    return dict(p.split("=", 1) for p in pairs)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("examples_dir", type=Path, help="pytorch/xla's examples/ (not modified)")
     parser.add_argument("--sim-python", required=True, help="interpreter with xlasim installed")
     parser.add_argument("--real-python", help="interpreter with real torch_xla (omit: sim only)")
     parser.add_argument("--only", nargs="+", choices=sorted(PROGRAMS), help="programs to run")
-    parser.add_argument("--real-env", action="append", default=[], metavar="K=V")
-    parser.add_argument("--sim-env", action="append", default=[], metavar="K=V")
-    parser.add_argument("--topology", default="2x2x1")
-    parser.add_argument("--accelerator", default="v4")
-    parser.add_argument("--cpu-devices", type=int, default=4, help="CPU_NUM_DEVICES for real")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per program and side")
     parser.add_argument("--jobs", type=int, default=1, help="programs run at once (default 1)")
-    parser.add_argument("--nice", type=int, default=10)
+    add_side_options(parser)
     parser.add_argument(
         "--mem-gb", type=float, default=8, help="data-segment cap per process (default 8 GiB)"
     )
@@ -165,8 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{str(args.examples_dir)!r} has no train_resnet_base.py: not examples/")
     if args.jobs < 1:
         parser.error(f"--jobs {args.jobs}: must be >= 1")
-    args.real_env = _env_pairs(parser, "--real-env", args.real_env)
-    args.sim_env = _env_pairs(parser, "--sim-env", args.sim_env)
+    check_side_options(parser, args)
     args.out_dir = (args.out_dir or Path(tempfile.mkdtemp(prefix="upstream_examples_"))).resolve()
     args.out_dir.mkdir(parents=True, exist_ok=True)
     # The programs write next to themselves (__pycache__); run a copy, never the source.

@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
-import os
 import re
 import sys
 import tempfile
@@ -46,7 +45,8 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from _bounded import run_bounded  # this folder's helper (the script's dir is on sys.path)
+# this folder's helper module (the script's own dir is on sys.path)
+from _upstream_run import add_side_options, check_side_options, run_bounded, side_command
 
 DEFAULT_FILES = ("spmd/test_*.py", "test_metrics.py", "test_devices.py", "pjrt/test_runtime.py")
 PYTEST_ARGS = (
@@ -167,17 +167,9 @@ def run_file(rel: str, side: str, args) -> FileRun:
     junit = args.out_dir / side / f"{slug}.xml"
     log = args.out_dir / side / f"{slug}.log"
     junit.unlink(missing_ok=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("XLASIM_")}
-    for key in ("PJRT_DEVICE", "CPU_NUM_DEVICES"):
-        env.pop(key, None)
-    pytest = ["-m", "pytest", *PYTEST_ARGS, f"--junitxml={junit}", path.name]
-    env.update(args.real_env if side == "real" else args.sim_env)
-    if side == "real":
-        env.update(PJRT_DEVICE="CPU", CPU_NUM_DEVICES=str(args.cpu_devices))
-        cmd = [args.real_python, *pytest]
-    else:
-        cmd = [args.sim_python, "-m", "xlasim", "run", "--topology", args.topology]
-        cmd += ["--accelerator", args.accelerator, "--", args.sim_python, *pytest]
+    cmd, env = side_command(
+        side, args, ["-m", "pytest", *PYTEST_ARGS, f"--junitxml={junit}", path.name]
+    )
     return _run_pytest(cmd, env, path.parent, junit, log, args)
 
 
@@ -247,27 +239,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("files", nargs="*", help="files or globs relative to test_dir")
     parser.add_argument("--real-python", help="interpreter with real torch_xla 2.9")
     parser.add_argument("--sim-python", required=True, help="interpreter with xlasim installed")
-    parser.add_argument(
-        "--real-env",
-        action="append",
-        default=[],
-        metavar="K=V",
-        help="set in the real runs' environment (repeatable)",
-    )
-    parser.add_argument(
-        "--sim-env",
-        action="append",
-        default=[],
-        metavar="K=V",
-        help="set in the simulator runs' environment (repeatable)",
-    )
     parser.add_argument("--reuse-real", type=Path, help="take real outcomes from this --json")
-    parser.add_argument("--topology", default="2x2x1")
-    parser.add_argument("--accelerator", default="v4")
-    parser.add_argument("--cpu-devices", type=int, default=4, help="CPU_NUM_DEVICES for real")
     parser.add_argument("--timeout", type=float, default=1200, help="seconds per file and side")
     parser.add_argument("--jobs", type=int, default=2, help="files run at once (default 2)")
-    parser.add_argument("--nice", type=int, default=10, help="niceness of the test processes")
+    add_side_options(parser)
     parser.add_argument("--out-dir", type=Path, help="junit files and logs (default: a tmp dir)")
     parser.add_argument("--json", type=Path, help="write per-test outcomes here")
     args = parser.parse_args(argv)
@@ -277,12 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("give exactly one of --real-python and --reuse-real")
     if args.jobs < 1:
         parser.error(f"--jobs {args.jobs}: must be >= 1")
-    for name in ("real_env", "sim_env"):
-        pairs = getattr(args, name)
-        bad = [p for p in pairs if "=" not in p]
-        if bad:
-            parser.error(f"--{name.replace('_', '-')} {bad[0]!r}: expected KEY=VALUE")
-        setattr(args, name, dict(p.split("=", 1) for p in pairs))
+    check_side_options(parser, args)
     args.test_dir = args.test_dir.resolve()
     files = expand_files(args.test_dir, args.files or list(DEFAULT_FILES))
     args.out_dir = (args.out_dir or Path(tempfile.mkdtemp(prefix="upstream_pass_rate_"))).resolve()
