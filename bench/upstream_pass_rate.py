@@ -105,7 +105,7 @@ def _merge(run: FileRun, test: str, outcome: str, line: str = "") -> None:
             run.first_lines[test] = line
 
 
-def test_id(classname: str, name: str) -> str:
+def case_id(classname: str, name: str) -> str:
     """``Class::test``: junit's dotted class path and pytest's node id agree on this part."""
     return f"{classname.rsplit('.', 1)[-1]}::{name}" if classname else name
 
@@ -119,7 +119,7 @@ def parse_junit(xml_text: str) -> FileRun:
             err = kinds["error"]
             run.note = f"collection error: {_error_line(err.get('message'), err.text)}"
             continue
-        tid = test_id(classname, name)
+        tid = case_id(classname, name)
         for tag, outcome in (("failure", "failed"), ("error", "error")):
             if tag in kinds:
                 _merge(run, tid, outcome, _error_line(kinds[tag].get("message"), kinds[tag].text))

@@ -97,7 +97,7 @@ def test_verbose_lines_give_the_ids_junit_gives(pass_rate) -> None:
         "ShardTest::test_bad": "failed",
         "ShardTest::test_param_0": "skipped",
     }
-    assert pass_rate.test_id("test.spmd.test_a.ShardTest", "test_ok") == "ShardTest::test_ok"
+    assert pass_rate.case_id("test.spmd.test_a.ShardTest", "test_ok") == "ShardTest::test_ok"
 
 
 def test_summary_counts_only_tests_that_pass_on_real(pass_rate) -> None:
