@@ -18,7 +18,7 @@ import sys
 import numpy as np
 import torch
 
-from _common import ResidualMLP, ResNet50Shaped, timed, train_step
+from _models import ResidualMLP, ResNet50Shaped, timed, train_step
 
 MODES = ("plain", "spmd", "sharded")
 
