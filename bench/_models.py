@@ -90,8 +90,10 @@ def train_step(
 ) -> torch.Tensor:
     opt.zero_grad()
     out = model(x)
-    loss = nn.functional.mse_loss(out, y) if out.shape == y.shape else nn.functional.cross_entropy(
-        out, y
+    loss = (
+        nn.functional.mse_loss(out, y)
+        if out.shape == y.shape
+        else nn.functional.cross_entropy(out, y)
     )
     loss.backward()
     opt.step()

@@ -22,7 +22,6 @@ import time
 
 import numpy as np
 import torch
-
 from _models import train_step
 
 SLICES = (("2x2", "v6e"), ("4x8x8", "v5p"), ("16x16", "v6e"))

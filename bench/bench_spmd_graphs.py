@@ -17,7 +17,6 @@ import sys
 
 import numpy as np
 import torch
-
 from _models import ResidualMLP, ResNet50Shaped, timed, train_step
 
 MODES = ("plain", "spmd", "sharded")

@@ -208,9 +208,7 @@ def _leaf_entry(t: XlaSimTensor) -> tuple[Any, tuple[Any, ...], int]:
     return entry
 
 
-def _unwrap_other(
-    a: Any, parts: list[Any], inputs: list[Any], wrappers: list[XlaSimTensor]
-) -> Any:
+def _unwrap_other(a: Any, parts: list[Any], inputs: list[Any], wrappers: list[XlaSimTensor]) -> Any:
     """A non-tensor argument (or a list of tensors) unwrapped, its hash material recorded."""
     if type(a) is XlaSimTensor:
         _take(a, parts, inputs, wrappers)
@@ -245,8 +243,7 @@ def _run(info: _OpInfo, args: Any, kwargs: Any) -> Any:
     """Runs an op on the wrapped CPU tensors and gives its results pending IR nodes.
 
     The node hash covers the op and, in argument order, each xla input's hash and each other
-    argument's key; it is built from ints only, so it is the same in every process.  This is
-    the per-op hot path: the common case (positional xla tensors) is written out inline.
+    argument's key; it is built from ints only, so it is the same in every process.
     """
     try:
         runtime = _stack[-1]
@@ -258,17 +255,7 @@ def _run(info: _OpInfo, args: Any, kwargs: Any) -> Any:
     cargs = []
     for a in args:
         if type(a) is XlaSimTensor:
-            node = a._node
-            if node is None:
-                entry = a._leaf
-                if entry is None or entry[0] is not a._sharding:
-                    entry = _leaf_entry(a)
-                inputs.append(entry[1])
-                parts.append(entry[2])
-            else:
-                inputs.append(node)
-                parts.append(node.hash)
-            wrappers.append(a)
+            _take(a, parts, inputs, wrappers)
             cargs.append(a._elem)
         else:
             cargs.append(_unwrap_other(a, parts, inputs, wrappers))

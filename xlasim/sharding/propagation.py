@@ -90,7 +90,7 @@ def _combine(op: Any, parts: list[tuple[Any, Any]]) -> tuple[tuple[int, ...] | N
         return None, None  # nothing sharded upstream: the output is replicated
     shapes = [shape for shape, _ in parts]
     if _op_name(op) in _ELEMENTWISE_NAMES and all(shape is not None for shape in shapes):
-        out_shape = _broadcast(shapes)  # type: ignore[arg-type]
+        out_shape = _broadcast(shapes)
         tiled = [
             s
             for (shape, s) in parts
