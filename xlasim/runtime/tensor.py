@@ -91,9 +91,7 @@ class XlaSimTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # type: ignore[override]
-        info = _OPS.get(id(func))
-        if info is None or info.op is not func:
-            info = _op_info(func)
+        info = _op_info(func)
         if info.handler is not None:
             return info.handler(func, args, kwargs or {})
         if info.identity:
@@ -160,7 +158,9 @@ _OPS: dict[int, _OpInfo] = {}
 
 
 def _op_info(op: Any) -> _OpInfo:
-    info = _OPS[id(op)] = _OpInfo(op)
+    info = _OPS.get(id(op))
+    if info is None or info.op is not op:
+        info = _OPS[id(op)] = _OpInfo(op)
     return info
 
 
@@ -245,10 +245,7 @@ def _run(info: _OpInfo, args: Any, kwargs: Any) -> Any:
     The node hash covers the op and, in argument order, each xla input's hash and each other
     argument's key; it is built from ints only, so it is the same in every process.
     """
-    try:
-        runtime = _stack[-1]
-    except IndexError:
-        runtime = _runtime.current()  # raises the "no simulated slice" error
+    runtime = _runtime.current()
     parts: list[Any] = [info.key]
     inputs: list[Any] = []
     wrappers: list[XlaSimTensor] = []
@@ -295,9 +292,6 @@ def _run(info: _OpInfo, args: Any, kwargs: Any) -> Any:
     return out
 
 
-_stack = _runtime._stack
-
-
 class _StableIds(dict):
     """``stable_id`` as a dict lookup (no Python call once a key has been seen)."""
 
@@ -332,10 +326,7 @@ def _wrap_output(o, index, func, base, inputs, device, existing, pending):
 
 def _run_op(func: Any, args: Any, kwargs: Any) -> Any:
     """``_run`` for a handler that falls back to the ordinary path."""
-    info = _OPS.get(id(func))
-    if info is None or info.op is not func:
-        info = _op_info(func)
-    return _run(info, args, kwargs)
+    return _run(_op_info(func), args, kwargs)
 
 
 def wrap_data(elem: torch.Tensor, device: torch.device | None) -> XlaSimTensor:

@@ -156,11 +156,6 @@ class Propagation:
         return sharding
 
 
-def infer(value: Any) -> tuple[tuple[int, ...] | None, Any]:
-    """(shape, sharding) of one graph value (see :meth:`Propagation.infer`)."""
-    return Propagation().infer(value)
-
-
 def output_sharding(t: Any) -> Any:
     """:meth:`Propagation.output_sharding` for one tensor (a sync settles all its outputs
     with one :class:`Propagation`)."""
