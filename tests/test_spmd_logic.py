@@ -14,8 +14,7 @@ import pytest
 import torch
 
 from tpu_backend.topology import parse_slice
-from xlasim.runtime.memory import human_bytes, tensor_device_bytes
-from xlasim.runtime.state import MemoryState
+from xlasim.runtime.hbm import HBM, Buffer, human_bytes, layout
 from xlasim.sharding.device_layout import device_attributes
 from xlasim.sharding.device_mesh import create_device_mesh, create_hybrid_device_mesh
 from xlasim.sharding.mesh import Mesh
@@ -177,13 +176,21 @@ def test_uneven_shards_are_clamped_and_zero_padded():
 
 
 def test_per_device_bytes():
-    t = torch.zeros(6, 4, dtype=torch.float32)  # 96 bytes
+    shape = (6, 4)  # float32: 96 bytes
     op = Mesh(np.arange(4), (4,), ("d",), num_devices=4).get_op_sharding(("d", None))
-    tiled = TensorSharding(op, t.shape)
-    # 6 rows over 4 devices: shards of 2 padded rows = 32 bytes on each device
-    assert tensor_device_bytes(t, tiled, 4, spmd=True) == {0: 32, 1: 32, 2: 32, 3: 32}
-    assert tensor_device_bytes(t, None, 4, spmd=True) == dict.fromkeys(range(4), 96)
-    assert tensor_device_bytes(t, None, 4, spmd=False) == {0: 96}
+    tiled = TensorSharding(op, shape)
+    # 6 rows over 4 devices: shards of 2 padded rows = 32 bytes on every device
+    assert layout(shape, 4, tiled, 0, spmd=True, num_devices=4) == (None, 32)
+    # unsharded under SPMD: replicated, the whole tensor everywhere; else on its own device
+    assert layout(shape, 4, None, 0, spmd=True, num_devices=4) == (None, 96)
+    assert layout(shape, 4, None, 2, spmd=False, num_devices=4) == ((2,), 96)
+    # a tile assignment over 2 of 4 devices: 3 rows per device, on those devices only
+    on_two = TensorSharding(OpSharding([[3], [1]], [], [], 3), shape)
+    assert layout(shape, 4, on_two, 0, spmd=True, num_devices=4) == ((1, 3), 48)
+    # 7 x 5 bf16 over a 2 x 2 tiling: padded shards of 4 x 3 elements
+    mesh = Mesh(np.arange(4), (2, 2), ("x", "y"), num_devices=4)
+    both = TensorSharding(mesh.get_op_sharding(("x", "y")), (7, 5))
+    assert layout((7, 5), 2, both, 0, spmd=True, num_devices=4) == (None, 4 * 3 * 2)
 
 
 @pytest.mark.parametrize(
@@ -200,39 +207,34 @@ def test_human_bytes_like_tsl(num_bytes, text):
     assert human_bytes(num_bytes) == text
 
 
-def _fake_runtime(topology: str, accelerator: str, hbm_bytes: int):
-    import dataclasses
-    from types import SimpleNamespace
-
-    spec = dataclasses.replace(parse_slice(topology, accelerator), hbm_bytes_per_chip=hbm_bytes)
-    return SimpleNamespace(spec=spec, memory=MemoryState(), spmd=True)
-
-
 def test_chip_accounting_and_out_of_memory():
-    from xlasim.runtime import memory
+    import dataclasses
 
-    rt = _fake_runtime("2x2", "v5e", hbm_bytes=1000)
+    spec = dataclasses.replace(parse_slice("2x2", "v5e"), hbm_bytes_per_chip=1000)
+    hbm = HBM(spec)
+    hbm.enforce = True
     mesh = Mesh(np.arange(4), (4,), ("d",), num_devices=4)
-    big = torch.zeros(10, 40)  # 1600 bytes: does not fit replicated
-    sharded = TensorSharding(mesh.get_op_sharding(("d", None)), big.shape)
-    rt.memory.enforce = True
-    memory.check_fits(rt, big, sharded)  # 3 padded rows = 480 bytes per chip: fits
-    big._sharding = sharded
-    assert memory.chip_bytes(rt) == [480, 480, 480, 480]
-    second = torch.zeros(10, 40)
+    sharded = TensorSharding(mesh.get_op_sharding(("d", None)), (10, 40))
+    devices, nbytes = layout((10, 40), 4, sharded, 0, spmd=True, num_devices=4)
+    hbm.check(devices, nbytes)  # 3 padded rows = 480 bytes per chip: fits
+    big = Buffer(hbm, devices, nbytes, key=None)
+    assert hbm.chip_bytes() == [480, 480, 480, 480]
     message = (
         "Bad StatusOr access: RESOURCE_EXHAUSTED: Error allocating device buffer: Attempting "
         "to allocate 1.6K. That was not possible. There are 520B free.; (0x0x0_HBM0)"
     )
     with pytest.raises(RuntimeError, match=f"^{re.escape(message)}$"):
-        memory.check_fits(rt, second, None)  # unsharded under SPMD: whole tensor per chip
-    rows = memory.report(rt)
-    assert [(r["chip"], r["coords"], r["bytes"]) for r in rows] == [
-        (0, [0, 0, 0], 480),
-        (1, [1, 0, 0], 480),
-        (2, [0, 1, 0], 480),
-        (3, [1, 1, 0], 480),
-    ]
-    rt.memory.enforce = False
-    memory.check_fits(rt, second, None)  # accounting only
-    assert memory.chip_bytes(rt) == [2080] * 4  # over capacity, counted, not refused
+        hbm.check(None, 1600)  # unsharded under SPMD: the whole tensor on every chip
+    # resharding a buffer frees the old layout first: replicating it needs 1600, not 2080
+    with pytest.raises(RuntimeError, match="Attempting to allocate 1.6K"):
+        hbm.check(None, 1600, freed=(devices, nbytes))
+    hbm.check(None, 1000, freed=(devices, nbytes))  # exactly the capacity: fits
+    # a buffer on one device counts on its chip only, and the check finds the fullest chip
+    one = Buffer(hbm, (2,), 400, key=None)
+    assert hbm.chip_bytes() == [480, 480, 880, 480]
+    with pytest.raises(RuntimeError, match=r"There are 120B free\.; \(0x1x0_HBM0\)"):
+        hbm.check(None, 200)
+    del one, big  # freed with their last holder
+    assert hbm.chip_bytes() == [0, 0, 0, 0]
+    hbm.enforce = False
+    hbm.check(None, 10**9)  # accounting only

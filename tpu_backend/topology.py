@@ -87,8 +87,13 @@ class Generation:
     """What PJRT reports as the device kind (jax ``device.device_kind``)."""
     max_single_host_chips: int
     """Chips one host can hold for a single-host slice (v5litepod/v6e: 8)."""
+    largest_topology: str
+    """The whole pod as one slice: no larger slice of this generation exists."""
 
 
+# Largest slices: a whole pod (Google Cloud architecture pages: v2 256 chips, v3 1024, v4 4096,
+# v5e 256, v5p 8960, v6e 256, TPU7x 9216); every topology in Ray 2.60's VALID_TPU_TOPOLOGY fits.
+# Anything bigger does not exist, and refusing it keeps every per-chip structure bounded.
 # HBM per chip, from the Google Cloud TPU architecture pages: v2 16 GiB and v3 32 GiB
 # (cloud.google.com/tpu/docs/v2, /v3), v4 32 GiB (/v4), v5e 16 GB (/v5e), v5p 95 GiB,
 # v6e 32 GiB and TPU7x 192 GiB (/tpu7x, "HBM capacity per chip (GiB)" table).  Counted
@@ -99,13 +104,13 @@ class Generation:
 GENERATIONS: dict[str, Generation] = {
     g.name: g
     for g in (
-        Generation("v2", 2, 2, 2, 2, 16 * _GIB, "TPU v2", 4),
-        Generation("v3", 3, 2, 2, 2, 32 * _GIB, "TPU v3", 4),
-        Generation("v4", 4, 3, 2, 1, 32 * _GIB, "TPU v4", 4),
-        Generation("v5litepod", 5, 2, 1, 1, 16 * _GIB, "TPU v5 lite", 8),
-        Generation("v5p", 5, 3, 2, 1, 95 * _GIB, "TPU v5", 4),
-        Generation("v6e", 6, 2, 1, 1, 32 * _GIB, "TPU v6 lite", 8),
-        Generation("v7x", 7, 3, 2, 2, 192 * _GIB, "TPU7x", 4),
+        Generation("v2", 2, 2, 2, 2, 16 * _GIB, "TPU v2", 4, "16x16"),
+        Generation("v3", 3, 2, 2, 2, 32 * _GIB, "TPU v3", 4, "32x32"),
+        Generation("v4", 4, 3, 2, 1, 32 * _GIB, "TPU v4", 4, "16x16x16"),
+        Generation("v5litepod", 5, 2, 1, 1, 16 * _GIB, "TPU v5 lite", 8, "16x16"),
+        Generation("v5p", 5, 3, 2, 1, 95 * _GIB, "TPU v5", 4, "16x20x28"),
+        Generation("v6e", 6, 2, 1, 1, 32 * _GIB, "TPU v6 lite", 8, "16x16"),
+        Generation("v7x", 7, 3, 2, 2, 192 * _GIB, "TPU7x", 4, "16x24x24"),
     )
 }
 
@@ -120,6 +125,7 @@ _SINGLE_HOST_SHAPES = ("1x1", "2x2", "2x4")
 _HOST_BLOCK = (2, 2, 1)
 _CHIPS_PER_HOST = 4
 
+_MAX_DIM_DIGITS = 4  # the widest pod dimension is 28 chips
 _TOPOLOGY_RE = re.compile(r"^\d+(?:x\d+){1,2}$")
 _TOPOLOGY_FORMS = (
     "expected 2 (AxB) or 3 (AxBxC) positive integers joined by 'x', e.g. '2x2' or '2x2x2'"
@@ -165,7 +171,13 @@ def _parse_topology(topology: str) -> tuple[int, ...]:
     text = topology.strip().lower()
     if not _TOPOLOGY_RE.fullmatch(text):
         raise ValueError(f"topology {topology!r} is not valid: {_TOPOLOGY_FORMS}")
-    dims = tuple(int(part) for part in text.split("x"))
+    parts = text.split("x")
+    if any(len(part.lstrip("0")) > _MAX_DIM_DIGITS for part in parts):
+        raise ValueError(
+            f"topology {topology!r} is not valid: no TPU slice has a dimension of more than "
+            f"{_MAX_DIM_DIGITS} digits; {_TOPOLOGY_FORMS}"
+        )
+    dims = tuple(int(part) for part in parts)
     if any(d == 0 for d in dims):
         raise ValueError(
             f"topology {topology!r} is not valid: every dimension must be positive; "
@@ -316,6 +328,13 @@ def parse_slice(topology: str, accelerator: str | None = None) -> SliceSpec:
             f"{form}, e.g. {_example_shapes(gen)}"
         )
     num_chips = math.prod(dims)
+    largest = math.prod(_parse_topology(gen.largest_topology))
+    if num_chips > largest:
+        raise ValueError(
+            f"{gen.name} topology {topology!r} has {num_chips} chips, more than the largest "
+            f"{gen.name} slice ({largest} chips, {gen.largest_topology}, a whole pod); use a "
+            f"slice of at most {largest} chips, e.g. {_example_shapes(gen)}"
+        )
     chips_per_host = _chips_per_host(gen, dims, topology)
     num_hosts = num_chips // chips_per_host
     dims3 = (*dims, 1) if len(dims) == 2 else dims

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from tpu_backend.machine import real_torch_xla_loaded
 from tpu_backend.topology import SliceSpec, parse_slice, tpu_host_env
+from xlasim.runtime.knobs import EnvError, env_int
 
 _SURFACE_PARENT = os.path.dirname(os.path.abspath(__file__))
 _lock = threading.RLock()
@@ -111,7 +112,14 @@ class simulate:  # noqa: N801 - used like a function: `with xlasim.simulate(...)
     """Runs code against a simulated TPU slice.
 
     Usable as a context manager or a decorator; each entry gets a fresh simulated runtime
-    (metrics, compiled graphs, SPMD mode) and nested entries stack.
+    (metrics, compiled graphs, SPMD mode, global mesh) and nested entries stack: an inner
+    entry is like a separate process, and tensors cannot cross between entries.
+
+    Args:
+        topology: the chip grid, e.g. ``'2x2'`` or ``'2x2x2'``.
+        accelerator: the TPU generation (default ``'v6e'``, which takes 2-D topologies).
+        host_index: which host of the slice this process is.
+        spmd: start in SPMD mode, as if the program had called ``xr.use_spmd()`` first.
     """
 
     def __init__(
@@ -119,18 +127,22 @@ class simulate:  # noqa: N801 - used like a function: `with xlasim.simulate(...)
         topology: str = "2x2",
         accelerator: str | None = None,
         host_index: int = 0,
+        spmd: bool = False,
     ) -> None:
         self.spec = parse_slice(topology, accelerator)
         # Validates the host index now, before anything (torch included) is loaded.
         tpu_host_env(self.spec, host_index)
+        if not isinstance(spmd, bool):
+            raise TypeError(f"spmd must be True or False, got {type(spmd).__name__} {spmd!r}")
         self.host_index = host_index
+        self.spmd = spmd
         self._runtimes: list[Any] = []
 
     def __enter__(self) -> Any:
         with _lock:
             if not _entries:
                 _swap_in(self.spec)
-            runtime = _session().enter(self.spec, self.host_index)
+            runtime = _session().enter(self.spec, self.host_index, self.spmd)
             _entries.append(self)
             self._runtimes.append(runtime)
         return runtime
@@ -156,26 +168,44 @@ def is_active() -> bool:
 
 
 def activate_from_env(environ: os._Environ[str] | dict[str, str] = os.environ) -> None:
-    """Arranges for this process to import the simulator (``XLASIM_*`` variables)."""
+    """Arranges for this process to import the simulator (``XLASIM_*`` variables).
+
+    Raises :class:`~xlasim.runtime.knobs.EnvError` when the variables do not name a valid
+    simulated host; nothing is installed then.
+    """
     config = config_from_env(environ)
     if config is None:
         return
     sys.meta_path.insert(0, _LazyFinder(config))
 
 
+ACTIVATION_ENV = ("XLASIM_TOPOLOGY", "XLASIM_ACCELERATOR", "XLASIM_HOST_INDEX")
+
+
 def config_from_env(environ: Any = os.environ) -> dict[str, Any] | None:
-    topology = environ.get("XLASIM_TOPOLOGY")
+    """``simulate()`` arguments from the activation variables, all checked; None when unset.
+
+    Empty values count as unset (a Ray ``runtime_env`` expands a missing node variable to '').
+    """
+    values = {k: (environ.get(k) or "").strip() for k in ACTIVATION_ENV}
+    topology, accelerator, host = (values[k] for k in ACTIVATION_ENV)
     if not topology:
+        stray = [f"{k}={v!r}" for k, v in values.items() if v]
+        if stray:
+            raise EnvError(
+                f"{' and '.join(stray)} set without XLASIM_TOPOLOGY: set XLASIM_TOPOLOGY to the "
+                f"slice's chip grid (e.g. '2x2x2') to simulate it, or unset "
+                f"{' and '.join(s.partition('=')[0] for s in stray)}"
+            )
         return None
-    host = environ.get("XLASIM_HOST_INDEX", "0")
+    host_index = env_int("XLASIM_HOST_INDEX", 0, minimum=0, environ=environ)
     try:
-        host_index = int(host)
-    except ValueError:
-        raise ValueError(
-            f"XLASIM_HOST_INDEX={host!r} is not a valid host index: expected an integer"
-        ) from None
-    return {
-        "topology": topology,
-        "accelerator": environ.get("XLASIM_ACCELERATOR") or None,
-        "host_index": host_index,
-    }
+        spec = parse_slice(topology, accelerator or None)
+    except ValueError as exc:
+        names = "XLASIM_TOPOLOGY" + (" / XLASIM_ACCELERATOR" if accelerator else "")
+        raise EnvError(f"{names}: {exc}") from None
+    try:
+        tpu_host_env(spec, host_index)
+    except ValueError as exc:
+        raise EnvError(f"XLASIM_HOST_INDEX={host!r}: {exc}") from None
+    return {"topology": topology, "accelerator": accelerator or None, "host_index": host_index}

@@ -16,6 +16,7 @@ from tpu_backend.topology import (
     parse_slice,
     tpu_host_env,
 )
+from xlasim.arguments import OneLineErrorParser, fail, reject_dash_topologies
 
 
 def _pth_installed() -> bool:
@@ -40,19 +41,41 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if command and command[0] == "--":
         command = command[1:]
     if not command:
-        raise SystemExit("xlasim run: no command given; usage: xlasim run --topology T -- CMD ...")
+        fail("xlasim run", "no command given; usage: xlasim run --topology T -- CMD ...")
     env = dict(os.environ)
     env.update(simulation_env(args.topology, args.accelerator, args.host_index))
     if not _pth_installed():
-        raise SystemExit(
-            "xlasim run: xlasim.pth is not installed in this environment's site-packages, so "
-            "child processes cannot activate the simulator; install the package "
-            "(`pip install -e .` or `pip install xlasim`)"
+        fail(
+            "xlasim run",
+            "xlasim.pth is not installed in this environment's site-packages, so child "
+            "processes cannot activate the simulator; install the package "
+            "(`pip install -e .` or `pip install xlasim`)",
         )
     try:
         return subprocess.call(command, env=env)
     except FileNotFoundError:
-        raise SystemExit(f"xlasim run: command not found: {command[0]!r}") from None
+        fail("xlasim run", f"command not found: {command[0]!r}")
+    except PermissionError:
+        fail("xlasim run", f"command not executable: {command[0]!r}")
+
+
+# A slice can have thousands of hosts: the table shows the first and last few, and a list with
+# one entry per host is cut, so the output stays a screenful whatever the slice.
+_HOSTS_SHOWN = 4
+_LIST_ITEMS_SHOWN = 4
+
+
+def _shown_hosts(num_hosts: int) -> list[int]:
+    if num_hosts <= 2 * _HOSTS_SHOWN:
+        return list(range(num_hosts))
+    return [*range(_HOSTS_SHOWN), *range(num_hosts - 2, num_hosts)]
+
+
+def _abbreviated(value: str) -> str:
+    items = value.split(",")
+    if len(items) <= _LIST_ITEMS_SHOWN:
+        return value
+    return ",".join(items[:_LIST_ITEMS_SHOWN]) + f",... ({len(items)} in all)"
 
 
 def _cmd_describe(args: argparse.Namespace) -> int:
@@ -71,13 +94,16 @@ def _cmd_describe(args: argparse.Namespace) -> int:
     hosts.add_column("host")
     hosts.add_column("devices (global ids)")
     hosts.add_column("TPU env")
-    for host in range(spec.num_hosts):
+    shown = _shown_hosts(spec.num_hosts)
+    for i, host in enumerate(shown):
+        if i and host != shown[i - 1] + 1:
+            hosts.add_row("...", f"({host - shown[i - 1] - 1} more hosts)", "")
         first = host * spec.devices_per_host
         env = tpu_host_env(spec, host)
         hosts.add_row(
             str(host),
             f"{first}..{first + spec.devices_per_host - 1}",
-            "\n".join(f"{k}={v}" for k, v in env.items()),
+            "\n".join(f"{k}={_abbreviated(v)}" for k, v in env.items()),
         )
     console.print(hosts)
     console.print(f"default SPMD mesh: shape {shape}, axes {axes}")
@@ -92,7 +118,7 @@ def _cmd_demo(args: argparse.Namespace, rest: Sequence[str]) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog="xlasim", description="Run torch_xla programs against a simulated TPU slice."
     )
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -117,7 +143,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["demo"]:
         return _cmd_demo(argparse.Namespace(), argv[1:])
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    reject_dash_topologies(parser, argv)
+    args = parser.parse_args(argv)
     try:
         if args.cmd == "run":
             return _cmd_run(args)

@@ -11,7 +11,6 @@ it is simulated.  It is also what the tests and ``bench/bench_fit.py`` run.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -26,6 +25,12 @@ from rich.table import Table
 
 import tpu_backend
 from tpu_backend.topology import parse_slice
+from xlasim.arguments import (
+    OneLineErrorParser,
+    positive_float,
+    positive_int,
+    reject_dash_topologies,
+)
 from xlasim.ray_cluster import fit_with_deadline, simulated_tpu_cluster
 from xlasim.slice_table import slice_table
 
@@ -33,6 +38,8 @@ __all__ = ["train_loop", "run", "main", "read_records"]
 
 DEFAULT_TOPOLOGY = "2x2x2"
 DEFAULT_ACCELERATOR = "v4"
+MAX_DEMO_HOSTS = 8
+"""Each host is a Ray node (a raylet and its workers) on this one machine."""
 
 
 def train_loop(config: dict[str, Any]) -> None:
@@ -216,7 +223,7 @@ def _print_report(spec: Any, records: list[dict[str, Any]], elapsed: float) -> b
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog="xlasim demo",
         description="Train a small model with tpu_backend.TorchTrainer on a simulated TPU "
         "slice (a local Ray cluster whose nodes look like the slice's hosts).",
@@ -232,11 +239,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="TPU generation, e.g. v4, v5p, v6e (default: v4 for the default "
         "topology, else the project's default for 2-D topologies)",
     )
-    parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--steps", type=positive_int, default=5)
+    parser.add_argument("--batch", type=positive_int, default=64)
     parser.add_argument(
         "--timeout",
-        type=float,
+        type=positive_float,
         default=600.0,
         help="seconds before the run is abandoned (default 600)",
     )
@@ -245,7 +252,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="forward the Ray workers' logs (per-step lines of every host)",
     )
-    args = parser.parse_args(list(argv) if argv is not None else None)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    reject_dash_topologies(parser, argv)
+    args = parser.parse_args(argv)
     accelerator = args.accelerator
     if accelerator is None and args.topology == DEFAULT_TOPOLOGY:
         accelerator = DEFAULT_ACCELERATOR
@@ -253,6 +262,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         spec = parse_slice(args.topology, accelerator)
     except ValueError as e:
         parser.error(str(e))
+    if spec.num_hosts > MAX_DEMO_HOSTS:
+        parser.error(
+            f"{spec.pod_type} ({spec.topology}) has {spec.num_hosts} hosts; the demo starts one "
+            f"local Ray node per host and runs at most {MAX_DEMO_HOSTS}: pick a smaller slice, "
+            f"e.g. 2x2x2 (2 hosts)"
+        )
     console = Console()
     console.print(slice_table(spec))
 

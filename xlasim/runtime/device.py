@@ -15,6 +15,7 @@ import re
 import threading
 import zlib
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.utils._mode_utils import no_dispatch
@@ -126,24 +127,31 @@ class FactoryKernels:
         self,
         wrap_new: Callable[[torch.Tensor, torch.device], torch.Tensor],
         copy_into: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        reserve: Callable[[Any, torch.dtype | None, torch.device | None], None],
     ) -> None:
         self._wrap_new = wrap_new
         self._copy_into = copy_into
+        # Runs before the CPU tensor behind a new device tensor is allocated: a tensor that
+        # does not fit (or a device that does not exist) must fail before taking host memory.
+        self._reserve = reserve
         self._lib: torch.library.Library | None = None
 
     def register(self) -> None:
         if self._lib is not None:
             return
         wrap_new = self._wrap_new
+        reserve = self._reserve
         lib = torch.library.Library("aten", "IMPL", "XLA")
 
         def empty_memory_format(
             size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None
         ):
+            reserve(size, dtype, device)
             cpu = torch.empty(size, dtype=dtype, layout=layout, memory_format=memory_format)
             return wrap_new(cpu, device)
 
         def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
+            reserve(size, dtype, device)
             return wrap_new(torch.empty_strided(size, stride, dtype=dtype, layout=layout), device)
 
         # Reached instead of the Python key where torch excludes it (torch.tensor(..., device=)).

@@ -124,3 +124,44 @@ def translate(func: Any, args: tuple[Any, ...], error: RuntimeError) -> str | No
     if handler is not None and len(tensors) >= 2:
         return handler(tensors, message)
     return _broadcast(tensors, message)
+
+
+# -- messages torch_xla words with at::Tensor::toString() ----------------------------------------
+# torch's legacy tensor type names ('torch.FloatTensor') where the dtype has one; otherwise
+# '<backend><ScalarType>Type' (checked on torch_xla 2.9: bfloat16 is 'CPUBFloat16Type').
+_LEGACY_TYPE_NAMES = {
+    torch.float32: "torch.FloatTensor",
+    torch.float64: "torch.DoubleTensor",
+    torch.float16: "torch.HalfTensor",
+    torch.int64: "torch.LongTensor",
+    torch.int32: "torch.IntTensor",
+    torch.int16: "torch.ShortTensor",
+    torch.int8: "torch.CharTensor",
+    torch.uint8: "torch.ByteTensor",
+}
+_SCALAR_TYPE_NAMES = {
+    torch.bfloat16: "BFloat16",
+    torch.bool: "Bool",
+    torch.complex64: "ComplexFloat",
+    torch.complex128: "ComplexDouble",
+    torch.complex32: "ComplexHalf",
+}
+
+
+def aten_type_string(t: torch.Tensor) -> str:
+    """``at::Tensor::toString()`` of a CPU tensor, as torch_xla's errors print it."""
+    legacy = _LEGACY_TYPE_NAMES.get(t.dtype)
+    if legacy is not None:
+        return legacy
+    name = _SCALAR_TYPE_NAMES.get(t.dtype, str(t.dtype).replace("torch.", "").capitalize())
+    return f"CPU{name}Type"
+
+
+def with_hint(message: str, hint: str) -> str:
+    """Real torch_xla's message, then what xlasim can add (``message (xlasim: hint)``)."""
+    return f"{message} (xlasim: {hint})"
+
+
+def expected_xla_tensor(t: torch.Tensor, hint: str) -> str:
+    """``bridge::GetXlaTensor``'s error for a CPU tensor, with a hint."""
+    return with_hint(f"Expected XLA tensor. Got: {aten_type_string(t)}", hint)

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from xlasim.runtime.hbm import HBM, settle_all
 from xlasim.runtime.metrics import Metrics
 from xlasim.sharding import propagation
 from xlasim.sharding.op_sharding import OpSharding
@@ -177,8 +178,9 @@ def _diff(previous: GraphRecord, current: GraphRecord) -> list[str]:
 class GraphCache:
     """Compiled-graph bookkeeping of one simulated process."""
 
-    def __init__(self, metrics: Metrics) -> None:
+    def __init__(self, metrics: Metrics, hbm: HBM) -> None:
         self._metrics = metrics
+        self._hbm = hbm
         # LRU order, oldest first; bounded like torch_xla's memory cache once it is created.
         self.compiled: OrderedDict[int, GraphRecord] = OrderedDict()
         self._capacity: int | None = None
@@ -282,6 +284,8 @@ class GraphCache:
         record.executions += 1
         if spmd:
             _settle_output_shardings(tensors)
+        # The program's outputs become device buffers (or the execution runs out of HBM).
+        settle_all(self._hbm, spmd, tensors)
         for t in tensors:
             t._node = None
             t._aliased = False

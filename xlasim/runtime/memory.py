@@ -1,158 +1,124 @@
-"""Per-chip HBM accounting for simulated device tensors, with an opt-in out-of-memory check.
+"""Per-chip HBM of simulated device tensors, and the opt-in out-of-memory check.
 
-Each live device tensor occupies, on every device that holds a piece of it:
-  * unsharded, under SPMD: the whole tensor (torch_xla replicates unannotated data);
-  * unsharded, without SPMD: the whole tensor on its own device only;
-  * replicated: the whole tensor;
-  * tiled / partially replicated: one padded shard (``ShardingUtil::GetShardShape``).
-A chip holds the sum over its devices (2 per chip on v2/v3/v7x).  This counts live buffers
-only -- XLA's temporaries, program memory and allocator fragmentation are not modelled -- so
-it is a lower bound of real HBM use; a sharding that does not fit here does not fit on TPU.
+The totals live in :class:`xlasim.runtime.hbm.HBM` (one per runtime); this module ties
+tensors to their buffers.  A device tensor gets a buffer when its data is on the devices
+(:func:`settle`): after a transfer or a factory, when a sync materializes it, when it is
+resharded.  Values computed since the last sync have no buffer yet -- XLA materializes those
+still alive at the next sync -- and are reported apart (``pending_bytes``).
 
-With the check enabled, a transfer that would push a chip past its HBM fails like PJRT's
-allocator does: ``RuntimeError: ... RESOURCE_EXHAUSTED: Error allocating device buffer:
-Attempting to allocate 196.00M. That was not possible. There are 134.44M free.; (1x0x0_HBM0)``.
+Not modelled: XLA's temporaries inside a program, program memory and allocator
+fragmentation, so a real chip needs more than is counted here.
+
+With the check enabled (:func:`enforce_hbm`, ``XLASIM_ENFORCE_HBM=1``), a transfer, factory,
+reshard or sync that would push a chip past its HBM fails like PJRT's allocator, before any
+host memory is taken for it: ``RuntimeError: ... RESOURCE_EXHAUSTED: Error allocating device
+buffer: Attempting to allocate 196.00M. That was not possible. There are 134.44M free.;
+(1x0x0_HBM0)``.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterable
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from xlasim.runtime import state
+from xlasim.runtime import hbm, state
+from xlasim.runtime.hbm import ENFORCE_ENV, human_bytes, layout, layout_of
 from xlasim.runtime.state import SimRuntime
 from xlasim.sharding.device_layout import device_attributes
 from xlasim.sharding.tensor_sharding import TensorSharding
 
-ENFORCE_ENV = "XLASIM_ENFORCE_HBM"
+__all__ = [
+    "ENFORCE_ENV",
+    "chip_memory",
+    "device_memory_info",
+    "enforce_hbm",
+    "human_bytes",
+    "report",
+    "reserve",
+    "reshard",
+    "settle",
+]
 
 
-def _enforcing(rt: SimRuntime) -> bool:
-    if rt.memory.enforce is None:
-        # Read at first use, so a program may set the variable after entering the simulation.
-        flag = os.environ.get(ENFORCE_ENV, "0").lower()
-        rt.memory.enforce = flag in ("1", "true", "yes", "on")
-    return rt.memory.enforce
+def settle(rt: SimRuntime, t: Any) -> None:
+    """Gives device tensor ``t`` the buffer its data occupies now (see :func:`hbm.settle`)."""
+    hbm.settle(rt.memory, rt.spmd, t)
 
 
-def human_bytes(num_bytes: int) -> str:
-    """tsl ``strings::HumanReadableNumBytes`` (what PJRT's allocator messages print)."""
-    if num_bytes < 0:
-        return "-" + human_bytes(-num_bytes)
-    if num_bytes < 1024:
-        return f"{num_bytes}B"
-    units = "KMGTPE"
-    unit = 0
-    while num_bytes >= 1024 * 1024:
-        num_bytes //= 1024
-        unit += 1
-    fmt = "{:.1f}{}" if units[unit] == "K" else "{:.2f}{}"
-    return fmt.format(num_bytes / 1024.0, units[unit])
+def reserve(
+    rt: SimRuntime,
+    size: Sequence[int],
+    dtype: torch.dtype,
+    device_index: int,
+    sharding: TensorSharding | None = None,
+) -> None:
+    """Before the data of a new device tensor is allocated: fails if it cannot fit."""
+    shape = tuple(int(d) for d in size)
+    devices, nbytes = layout(
+        shape, dtype.itemsize, sharding, device_index, rt.spmd, rt.spec.num_devices
+    )
+    rt.memory.check(devices, nbytes)
 
 
-def _itemsize(t: Any) -> int:
-    return int(t.element_size())
+def reshard(rt: SimRuntime, t: Any, sharding: TensorSharding) -> None:
+    """Gives device data ``t`` a new sharding and the buffer that goes with it; on failure
+    (it does not fit) ``t`` keeps its old one."""
+    previous = t._sharding
+    t._sharding = sharding
+    try:
+        settle(rt, t)
+    except BaseException:
+        t._sharding = previous
+        raise
 
 
-def tensor_device_bytes(
-    t: Any, sharding: TensorSharding | None, num_devices: int, spmd: bool
-) -> dict[int, int]:
-    """Bytes each device ordinal holds for ``t`` (global shape ``t.shape``)."""
-    itemsize = _itemsize(t)
-    full = int(t.numel()) * itemsize
-    if sharding is None:
-        if spmd:
-            return dict.fromkeys(range(num_devices), full)
-        index = t.device.index or 0
-        return {index: full}
-    if sharding.is_replicated or sharding.is_manual:
-        return dict.fromkeys(range(num_devices), full)
-    shard = 1
-    for d in sharding.shard_shape():
-        shard *= d
-    return dict.fromkeys(sharding.devices(), shard * itemsize)
-
-
-def _live_tensors(rt: SimRuntime) -> list[Any]:
-    """Every live simulated device tensor this runtime knows of."""
-    return list(rt.memory.tracked.values())
-
-
-def device_bytes(rt: SimRuntime, tensors: Iterable[Any] | None = None) -> list[int]:
-    """Bytes per device ordinal for ``tensors`` (default: all live device tensors)."""
-    spec = rt.spec
-    totals = [0] * spec.num_devices
-    for t in _live_tensors(rt) if tensors is None else tensors:
-        for device, nbytes in tensor_device_bytes(
-            t, getattr(t, "_sharding", None), spec.num_devices, rt.spmd
-        ).items():
-            totals[device] += nbytes
+def _pending_device_bytes(rt: SimRuntime) -> list[int]:
+    """Per device: values computed since the last sync, alive, with no buffer yet."""
+    totals = [0] * rt.spec.num_devices
+    seen: set[int] = set()
+    for ref in rt.graphs.pending:
+        t = ref()
+        if t is None or t._node is None or t._buf is not None or id(t) in seen:
+            continue
+        seen.add(id(t))
+        devices, nbytes = layout_of(t, rt.spmd, rt.spec.num_devices)
+        for d in range(rt.spec.num_devices) if devices is None else devices:
+            totals[d] += nbytes
     return totals
 
 
-def chip_bytes(rt: SimRuntime, tensors: Iterable[Any] | None = None) -> list[int]:
-    """Bytes per chip (chip ``c`` holds devices ``c*devices_per_chip ...``)."""
-    per_device = device_bytes(rt, tensors)
+def _per_chip(rt: SimRuntime, per_device: list[int]) -> list[int]:
     k = rt.spec.devices_per_chip
     return [sum(per_device[c * k : (c + 1) * k]) for c in range(rt.spec.num_chips)]
 
 
-def _hbm_name(rt: SimRuntime, device: int) -> str:
-    attrs = device_attributes(rt.spec)[device]
-    x, y, z = attrs["coords"]
-    return f"{x}x{y}x{z}_HBM{attrs['core_on_chip']}"
-
-
-def check_fits(rt: SimRuntime, t: Any, new: TensorSharding | None) -> None:
-    """Before ``t`` takes sharding ``new``: fail as PJRT would if a chip overflows; else track."""
-    if _enforcing(rt):
-        spec = rt.spec
-        others = [o for o in _live_tensors(rt) if o is not t]
-        per_chip = chip_bytes(rt, others)
-        need = tensor_device_bytes(t, new, spec.num_devices, rt.spmd)
-        capacity = spec.hbm_bytes_per_chip
-        for device in sorted(need):
-            chip = device // spec.devices_per_chip
-            if per_chip[chip] + need[device] > capacity:
-                free = capacity - per_chip[chip]
-                raise RuntimeError(
-                    "Bad StatusOr access: RESOURCE_EXHAUSTED: Error allocating device buffer: "
-                    f"Attempting to allocate {human_bytes(need[device])}. That was not "
-                    f"possible. There are {human_bytes(max(free, 0))} free.; "
-                    f"({_hbm_name(rt, device)})"
-                )
-            per_chip[chip] += need[device]
-    rt.memory.tracked[id(t)] = t
-
-
 def report(rt: SimRuntime) -> list[dict[str, Any]]:
-    """One row per chip: index, coords, bytes used, HBM capacity, fraction used."""
+    """One row per chip: index, coords, bytes of buffers, pending bytes, capacity, fraction."""
     spec = rt.spec
     attrs = device_attributes(spec)
-    used = chip_bytes(rt)
-    rows = []
-    for chip, nbytes in enumerate(used):
-        rows.append(
-            {
-                "chip": chip,
-                "coords": attrs[chip * spec.devices_per_chip]["coords"],
-                "bytes": nbytes,
-                "hbm_bytes": spec.hbm_bytes_per_chip,
-                "fraction": nbytes / spec.hbm_bytes_per_chip,
-            }
-        )
-    return rows
+    used = rt.memory.chip_bytes()
+    pending = _per_chip(rt, _pending_device_bytes(rt))
+    return [
+        {
+            "chip": chip,
+            "coords": attrs[chip * spec.devices_per_chip]["coords"],
+            "bytes": nbytes,
+            "pending_bytes": pending[chip],
+            "hbm_bytes": spec.hbm_bytes_per_chip,
+            "fraction": nbytes / spec.hbm_bytes_per_chip,
+        }
+        for chip, nbytes in enumerate(used)
+    ]
 
 
 def device_memory_info(device: torch.device) -> dict[str, int]:
     """Device memory as ``xm.get_memory_info`` reports it for a simulated chip's device: bytes
-    of live device tensors in use there, the generation's HBM per chip as the limit."""
+    of live device buffers there, the generation's HBM per chip as the limit."""
     rt = state.current()
     index = device.index or 0
-    used = device_bytes(rt)[index]
+    used = rt.memory.device_bytes()[index]
     peaks = rt.memory.peak_bytes
     peaks[index] = max(peaks.get(index, 0), used)
     return {
@@ -164,11 +130,24 @@ def device_memory_info(device: torch.device) -> dict[str, int]:
 
 # -- the public face (re-exported by ``xlasim``) --------------------------------------------------
 def chip_memory() -> list[dict[str, Any]]:
-    """Per-chip HBM use of the active simulated slice (see :func:`report`)."""
+    """Per-chip HBM use of the active simulated slice, one dict per chip.
+
+    ``bytes``: every live device buffer on the chip -- tensors moved to the devices or made
+    there (``torch.zeros(..., device=xla)``), and every value a sync materialized
+    (parameters, gradients, optimizer state, graph outputs): the whole tensor on each device
+    when unsharded or replicated, one padded shard per device when sharded; tensors sharing
+    a value (``detach()``) count once.  ``pending_bytes``: values computed since the last sync
+    that are still referenced (e.g. activations autograd keeps for backward); XLA holds them
+    in buffers from the next sync if they are still alive then.  Also ``chip``, ``coords``,
+    ``hbm_bytes`` (the chip's capacity) and ``fraction`` (``bytes / hbm_bytes``).  XLA's
+    temporaries, program memory and fragmentation are not counted.
+    """
     return report(state.current())
 
 
 def enforce_hbm(enabled: bool = True) -> None:
-    """Make transfers that overflow a chip's HBM fail with PJRT's RESOURCE_EXHAUSTED error
-    (also switched on by ``XLASIM_ENFORCE_HBM=1``)."""
-    state.current().memory.enforce = bool(enabled)
+    """Make transfers, factories, reshards and syncs that overflow a chip's HBM fail with
+    PJRT's RESOURCE_EXHAUSTED error (also switched on by ``XLASIM_ENFORCE_HBM=1``)."""
+    if not isinstance(enabled, bool):
+        raise TypeError(f"enabled must be True or False, got {type(enabled).__name__} {enabled!r}")
+    state.current().memory.enforce = enabled

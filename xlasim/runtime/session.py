@@ -49,12 +49,22 @@ def _check_autograd(spec: SliceSpec) -> None:
     _autograd_checked = True
 
 
-def enter(spec: SliceSpec, host_index: int) -> state.SimRuntime:
-    """Makes a fresh runtime for host ``host_index`` the active one."""
+def enter(spec: SliceSpec, host_index: int, spmd: bool = False) -> state.SimRuntime:
+    """Makes a fresh runtime for host ``host_index`` the active one.
+
+    A nested runtime is a process of its own: it starts from the torch_xla variables the
+    process had before the outermost simulation (not with the SPMD mode or cache the outer
+    program set); leaving it puts the outer one's back.
+    """
     runtime = state.SimRuntime(spec, host_index)
     runtime.save_env()
+    outer = state.outermost()
+    if outer is not None:
+        runtime.restore_env(outer.saved_env)
     # On a TPU VM `import torch_xla` selects PJRT_DEVICE=TPU; so does the simulation.
     os.environ["PJRT_DEVICE"] = "TPU"
+    if spmd:
+        os.environ["XLA_USE_SPMD"] = "1"
     state.push(runtime)
     return runtime
 

@@ -114,6 +114,7 @@ def place_input(x: Any, sharding: TensorSharding | None) -> Any:
     if sharding is None:
         if rt.spmd:
             x._sharding = TensorSharding(OpSharding.replicated(), tuple(x.shape))
+            memory.settle(rt, x)
         return x
     spec = TensorSharding(sharding.op, sharding.shape, sharding.minibatch)
     local = global_value(x)
@@ -123,9 +124,6 @@ def place_input(x: Any, sharding: TensorSharding | None) -> Any:
         value = assemble_from_hosts(rt, local, spec)
     if tuple(value.shape) == tuple(x.shape):
         x._elem = value
-        target = x
-    else:
-        target = wrap_data(value, x.device)
-    memory.check_fits(rt, target, spec)
-    target._sharding = spec
-    return target
+        memory.reshard(rt, x, spec)
+        return x
+    return wrap_data(value, x.device, spec)

@@ -7,7 +7,6 @@ simulated ``torch_xla`` modules report is derived from it, so a fresh runtime me
 from __future__ import annotations
 
 import os
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +15,7 @@ import torch
 
 from tpu_backend.topology import SliceSpec, tpu_host_env
 from xlasim.runtime.graph import GraphCache
+from xlasim.runtime.hbm import HBM
 from xlasim.runtime.metrics import Metrics
 
 # Environment variables torch_xla itself reads or writes; saved on activation and restored on
@@ -27,20 +27,6 @@ TORCH_XLA_ENV = (
     "XLA_PERSISTENT_CACHE_READ_ONLY",
     "PJRT_DEVICE",
 )
-
-
-@dataclass
-class MemoryState:
-    """Per-chip HBM accounting of one runtime (see ``xlasim.runtime.memory``)."""
-
-    enforce: bool | None = None
-    """Whether an overflowing transfer fails; None until first asked (XLASIM_ENFORCE_HBM)."""
-    # Keyed by id: a WeakSet would compare tensors with ==, which is elementwise.
-    tracked: weakref.WeakValueDictionary[int, Any] = field(
-        default_factory=weakref.WeakValueDictionary
-    )
-    peak_bytes: dict[int, int] = field(default_factory=dict)
-    """Highest bytes in use seen per device ordinal, as ``xm.get_memory_info`` reports it."""
 
 
 @dataclass
@@ -71,9 +57,12 @@ class SimRuntime:
     rng_seed: int = 0
     device_contexts: dict[str, Any] = field(default_factory=dict)
     """``xm``'s per-device context objects, by device name."""
-    memory: MemoryState = field(default_factory=MemoryState)
+    memory: HBM = field(init=False)
+    """Per-chip HBM: the live device buffers (``xlasim.runtime.memory``)."""
     hosts: HostLink | None = None
     """Joined on first use, on multi-host slices only."""
+    global_mesh: Any = None
+    """``xs.set_global_mesh``'s mesh (per process in torch_xla, so per runtime here)."""
     metrics: Metrics = field(default_factory=Metrics)
     graphs: GraphCache = field(init=False)
     generator: torch.Generator = field(init=False)
@@ -81,19 +70,28 @@ class SimRuntime:
 
     def __post_init__(self) -> None:
         tpu_host_env(self.spec, self.host_index)  # the slice model's host-index check
-        self.graphs = GraphCache(self.metrics)
+        self.memory = HBM(self.spec)
+        self.graphs = GraphCache(self.metrics, self.memory)
         self.generator = torch.Generator().manual_seed(self.rng_seed)
 
     # -- environment ---------------------------------------------------------------------
     def save_env(self) -> None:
         self._saved_env = {k: os.environ.get(k) for k in TORCH_XLA_ENV}
 
-    def restore_env(self) -> None:
-        for key, value in self._saved_env.items():
+    def restore_env(self, saved: dict[str, str | None] | None = None) -> None:
+        """Puts back the variables as :meth:`save_env` found them (or as ``saved`` has them)."""
+        for key, value in (self._saved_env if saved is None else saved).items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+    @property
+    def saved_env(self) -> dict[str, str | None]:
+        return dict(self._saved_env)
+
+    def describe(self) -> str:
+        return f"{self.spec.pod_type} ({self.spec.topology}), host {self.host_index}"
 
     # -- device model --------------------------------------------------------------------
     @property
@@ -159,6 +157,10 @@ def count(name: str) -> None:
     """A torch_xla counter (``TORCH_LAZY_COUNTER``) on the active runtime, if any."""
     if _stack:
         _stack[-1].metrics.inc(name)
+
+
+def outermost() -> SimRuntime | None:
+    return _stack[0] if _stack else None
 
 
 def push(runtime: SimRuntime) -> None:

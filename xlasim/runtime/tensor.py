@@ -19,6 +19,7 @@ from xlasim.runtime import memory
 from xlasim.runtime import state as _runtime
 from xlasim.runtime.device import FactoryKernels, set_wrapper_meta
 from xlasim.runtime.graph import Node, stable_id
+from xlasim.runtime.kernel_inputs import check_cpu_inputs, rules_for
 
 aten = torch.ops.aten
 
@@ -48,12 +49,27 @@ class XlaSimTensor(torch.Tensor):
     _aliased: bool
 
     _device: torch.device
+    _rt: Any
+    """The ``SimRuntime`` the tensor was made in: it cannot be used in another one."""
+    _buf: Any
+    """The device buffer holding its data (``xlasim.runtime.hbm.Buffer``), None while the
+    value is pending (computed since the last sync, not yet materialized)."""
 
-    __slots__ = ("_elem", "_node", "_sharding", "_seq", "_leaf", "_aliased", "_device")
+    __slots__ = (
+        "_elem",
+        "_node",
+        "_sharding",
+        "_seq",
+        "_leaf",
+        "_aliased",
+        "_device",
+        "_rt",
+        "_buf",
+    )
 
     @staticmethod
     def __new__(cls, elem: torch.Tensor, device: torch.device, node: Node | None = None):
-        return _new(elem, device, node)
+        return _new(elem, device, node, _runtime.current())
 
     def __repr__(self, *, tensor_contents: Any = None) -> Any:  # type: ignore[override]
         materialize([self])
@@ -97,10 +113,14 @@ class XlaSimTensor(torch.Tensor):
             return info.handler(func, args, kwargs or {})
         if info.identity:
             src = args[0]
-            out = _new(info.call(src._elem), src._device, src._node)
+            runtime = _runtime.current()
+            if src._rt is not runtime:
+                raise _foreign(src, runtime)
+            out = _new(info.call(src._elem), src._device, src._node, runtime)
             out._sharding = src._sharding
+            out._buf = src._buf  # the same value: one buffer
             if src._node is not None:
-                _runtime.current().graphs.pending.append(weakref.ref(out))
+                runtime.graphs.pending.append(weakref.ref(out))
             return out
         return _run(info, args, kwargs)
 
@@ -108,7 +128,7 @@ class XlaSimTensor(torch.Tensor):
 _make_wrapper = torch.Tensor._make_wrapper_subclass
 
 
-def _new(elem: torch.Tensor, device: torch.device, node: Node | None) -> XlaSimTensor:
+def _new(elem: torch.Tensor, device: torch.device, node: Node | None, rt: Any) -> XlaSimTensor:
     """A wrapper of ``elem`` on ``device`` (the op path's constructor: no Python ``__new__``).
 
     Arguments go to torch positionally (size, strides, storage_offset, memory_format, dtype,
@@ -126,8 +146,10 @@ def _new(elem: torch.Tensor, device: torch.device, node: Node | None) -> XlaSimT
     )
     r._elem = elem
     r._device = device
+    r._rt = rt
     r._node = node
     r._sharding = None
+    r._buf = None
     r._leaf = None
     # True while pending IR updates device data in place (XLA aliases that buffer).
     r._aliased = False
@@ -139,7 +161,7 @@ def _new(elem: torch.Tensor, device: torch.device, node: Node | None) -> XlaSimT
 class _OpInfo:
     """What the dispatcher needs to know of one op overload, worked out on its first call."""
 
-    __slots__ = ("op", "call", "key", "handler", "identity", "generator")
+    __slots__ = ("op", "call", "key", "handler", "identity", "generator", "cpu_rules")
 
     def __init__(self, op: Any) -> None:
         self.op = op
@@ -151,6 +173,8 @@ class _OpInfo:
         # Simulated devices draw from the runtime's own generator, as torch_xla's device RNG
         # is separate from the CPU one (seeded by torch_xla.manual_seed).
         self.generator = any(a.name == "generator" for a in op._schema.arguments)
+        # Arguments torch_xla's kernel refuses as CPU tensors (most ops: none).
+        self.cpu_rules = rules_for(op)
 
 
 # Keyed by id(op) (an OpOverload's own __hash__ is a Python call); the entry keeps the op
@@ -209,14 +233,16 @@ def _leaf_entry(t: XlaSimTensor) -> tuple[Any, tuple[Any, ...], int]:
     return entry
 
 
-def _unwrap_other(a: Any, parts: list[Any], inputs: list[Any], wrappers: list[XlaSimTensor]) -> Any:
+def _unwrap_other(
+    a: Any, parts: list[Any], inputs: list[Any], wrappers: list[XlaSimTensor], rt: Any
+) -> Any:
     """A non-tensor argument (or a list of tensors) unwrapped, its hash material recorded."""
     if type(a) is XlaSimTensor:
-        _take(a, parts, inputs, wrappers)
+        _take(a, parts, inputs, wrappers, rt)
         return a._elem
     if type(a) is list or type(a) is tuple:
         if a and isinstance(a[0], torch.Tensor):
-            return type(a)(_unwrap_other(x, parts, inputs, wrappers) for x in a)
+            return type(a)(_unwrap_other(x, parts, inputs, wrappers, rt) for x in a)
         parts.append(_arg_key(a))
         return a
     if isinstance(a, torch.device) and a.type == "xla":
@@ -226,9 +252,11 @@ def _unwrap_other(a: Any, parts: list[Any], inputs: list[Any], wrappers: list[Xl
 
 
 def _take(
-    t: XlaSimTensor, parts: list[Any], inputs: list[Any], wrappers: list[XlaSimTensor]
+    t: XlaSimTensor, parts: list[Any], inputs: list[Any], wrappers: list[XlaSimTensor], rt: Any
 ) -> None:
     """Records an xla input: its IR value (pending node or device-data key) and its hash."""
+    if t._rt is not rt:
+        raise _foreign(t, rt)
     node = t._node
     if node is None:
         entry = _leaf_entry(t)
@@ -247,18 +275,20 @@ def _run(info: _OpInfo, args: Any, kwargs: Any) -> Any:
     argument's key; it is built from ints only, so it is the same in every process.
     """
     runtime = _runtime.current()
+    if info.cpu_rules is not None:
+        check_cpu_inputs(info.op, info.cpu_rules, args, kwargs or {}, XlaSimTensor)
     parts: list[Any] = [info.key]
     inputs: list[Any] = []
     wrappers: list[XlaSimTensor] = []
     cargs = []
     for a in args:
         if type(a) is XlaSimTensor:
-            _take(a, parts, inputs, wrappers)
+            _take(a, parts, inputs, wrappers, runtime)
             cargs.append(a._elem)
         else:
-            cargs.append(_unwrap_other(a, parts, inputs, wrappers))
+            cargs.append(_unwrap_other(a, parts, inputs, wrappers, runtime))
     if kwargs:
-        kwargs = {k: _unwrap_other(v, parts, inputs, wrappers) for k, v in kwargs.items()}
+        kwargs = {k: _unwrap_other(v, parts, inputs, wrappers, runtime) for k, v in kwargs.items()}
         if info.generator and kwargs.get("generator") is None:
             kwargs["generator"] = runtime.generator
     elif info.generator:
@@ -279,13 +309,15 @@ def _run(info: _OpInfo, args: Any, kwargs: Any) -> Any:
             if w._elem is out:
                 return _update(w, out, 0, info.op, base, node_inputs, pending)
         node = Node(hash((base, 0, out.shape, _DTYPE_KEYS[out.dtype])), info.op, node_inputs)
-        t = _new(out, device, node)
+        t = _new(out, device, node, runtime)
         pending.append(weakref.ref(t))
         return t
     if isinstance(out, (tuple, list)):
         elems = {id(w._elem): w for w in wrappers}
         return type(out)(
-            _wrap_output(o, i, info.op, base, node_inputs, device, elems.get(id(o)), pending)
+            _wrap_output(
+                o, i, info.op, base, node_inputs, device, elems.get(id(o)), pending, runtime
+            )
             if isinstance(o, torch.Tensor)
             else o
             for i, o in enumerate(out)
@@ -316,11 +348,11 @@ def _update(w: XlaSimTensor, o: torch.Tensor, index, func, base, inputs, pending
     return w
 
 
-def _wrap_output(o, index, func, base, inputs, device, existing, pending):
+def _wrap_output(o, index, func, base, inputs, device, existing, pending, rt):
     if existing is not None:  # in-place / out= ops hand back their input
         return _update(existing, o, index, func, base, inputs, pending)
     node = Node(hash((base, index, o.shape, _DTYPE_KEYS[o.dtype])), func, inputs)
-    t = _new(o, device, node)
+    t = _new(o, device, node, rt)
     pending.append(weakref.ref(t))
     return t
 
@@ -330,16 +362,65 @@ def _run_op(func: Any, args: Any, kwargs: Any) -> Any:
     return _run(_op_info(func), args, kwargs)
 
 
-def wrap_data(elem: torch.Tensor, device: torch.device | None) -> XlaSimTensor:
-    """A device-data tensor (no pending IR), as a host-to-device transfer produces."""
+def device_index(runtime: Any, device: torch.device | None) -> int:
+    """The ordinal a tensor made for ``device`` lands on; torch_xla's error if none such."""
+    if device is None or device.index is None:
+        return int(runtime.default_device_index)
+    index = device.index
+    count = 1 if runtime.spmd else runtime.spec.devices_per_host
+    if index >= count:
+        valid = (
+            "xla:0 (one virtual device under SPMD)" if runtime.spmd else f"xla:0..xla:{count - 1}"
+        )
+        raise RuntimeError(
+            _errors.with_hint(
+                f"vector::_M_range_check: __n (which is {index}) >= this->size() "
+                f"(which is {count})",
+                f"device xla:{index} does not exist: this process has {count} xla device(s), "
+                f"{valid}, on {runtime.describe()}",
+            )
+        )
+    return index
+
+
+def wrap_data(
+    elem: torch.Tensor, device: torch.device | None, sharding: Any = None
+) -> XlaSimTensor:
+    """A device-data tensor (no pending IR), as a host-to-device transfer produces, with
+    ``sharding`` (a ``TensorSharding``) if given."""
     runtime = _runtime.current()
-    index = (
-        device.index
-        if device is not None and device.index is not None
-        else (runtime.default_device_index)
-    )
+    index = device_index(runtime, device)
     runtime.devices_used = True
-    return XlaSimTensor(elem, xla_device(index))
+    t = _new(elem, xla_device(index), None, runtime)
+    t._sharding = sharding
+    memory.settle(runtime, t)
+    return t
+
+
+def reserve_factory(size: Any, dtype: torch.dtype | None, device: torch.device | None) -> None:
+    """Before a factory allocates: the device must exist and the tensor must fit its HBM."""
+    runtime = _runtime.current()
+    index = device_index(runtime, device)
+    memory.reserve(runtime, size, dtype or torch.get_default_dtype(), index)
+
+
+def _foreign(t: XlaSimTensor, runtime: Any) -> RuntimeError:
+    owner = t._rt
+    where = owner.describe() if owner is not None else "another simulated slice"
+    return RuntimeError(
+        f"xlasim: this {t.device} tensor (shape {list(t.shape)}, {t.dtype}) was made on the "
+        f"simulated slice {where}, not on the active one ({runtime.describe()}); every "
+        f"xlasim.simulate() entry is a process of its own and tensors cannot cross between "
+        f"them: copy it to the CPU (t.cpu()) inside the simulation that made it"
+    )
+
+
+def owned(t: XlaSimTensor) -> Any:
+    """The active runtime, after checking that ``t`` was made in it."""
+    runtime = _runtime.current()
+    if t._rt is not runtime:
+        raise _foreign(t, runtime)
+    return runtime
 
 
 def wrap_factory(elem: torch.Tensor, device: torch.device | None) -> XlaSimTensor:
@@ -355,6 +436,8 @@ def wrap_factory(elem: torch.Tensor, device: torch.device | None) -> XlaSimTenso
 
 def materialize(tensors: list[XlaSimTensor]) -> None:
     """Runs the graph needed for ``tensors`` only (what ``_to_cpu`` does in torch_xla)."""
+    for t in tensors:
+        owned(t)
     if any(t._node is not None for t in tensors):
         runtime = _runtime.current()
         runtime.graphs.execute(tensors, sync_all=False, spmd=runtime.spmd)
@@ -381,6 +464,7 @@ def _to_copy(func, args, kwargs):
         return out
     if target is not None and target.index is not None and target.index != src.device.index:
         # Device to device copy: a new device-data tensor on the other device.
+        device_index(owned(src), target)
         materialize([src])
         return wrap_data(aten._to_copy.default(src._elem, **cpu_kwargs), target)
     return _run_op(func, args, kwargs)
@@ -390,12 +474,12 @@ def _copy_(func, args, kwargs):
     dst, src = args[0], args[1]
     if isinstance(dst, XlaSimTensor) and not isinstance(src, XlaSimTensor):
         # Host to device transfer into an existing device tensor: it becomes device data.
-        runtime = _runtime.current()
+        runtime = owned(dst)
         start = time.perf_counter_ns()
         dst._elem.copy_(src, **kwargs)
         dst._node = None
         runtime.metrics.add_sample("TransferToDeviceTime", time.perf_counter_ns() - start)
-        memory.check_fits(runtime, dst, None)
+        memory.settle(runtime, dst)
         return dst
     if not isinstance(dst, XlaSimTensor):
         materialize([src])
@@ -427,4 +511,4 @@ def _copy_into(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
     return _copy_(aten.copy_.default, (dst, src), {})
 
 
-FACTORY_KERNELS = FactoryKernels(wrap_factory, _copy_into)
+FACTORY_KERNELS = FactoryKernels(wrap_factory, _copy_into, reserve_factory)

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from xlasim.runtime import state
-from xlasim.runtime.memory import check_fits
+from xlasim.runtime.memory import reserve, reshard, settle
 from xlasim.runtime.shards import (
     assemble_from_hosts,
     gather_shards,
@@ -276,7 +276,8 @@ def _xla_mark_sharding(t: Any, sharding: OpSharding) -> None:
             raise check_failed(
                 "false", "Existing annotation must be cleared first: " + current.op.debug_string()
             )
-    check_fits(rt, x, new)
+    # Fits (or fails like PJRT) before the data moves.
+    reshard(rt, x, new)
     start = time.perf_counter_ns()
     if rt.spec.num_hosts > 1:
         # The transfer takes each device's shard from the host that owns the device.
@@ -417,6 +418,7 @@ def _load_local_shards(t: Any, shards: Sequence[torch.Tensor], devices: Sequence
     place_shards(value, sharding, shards, ordinals)
     x._elem = value
     x._node = None
+    settle(rt, x)
 
 
 def _global_tensor_from_cpu_shards(
@@ -447,15 +449,14 @@ def _global_tensor_from_cpu_shards(
     spec = TensorSharding(sharding, global_shape)
     expected = shard_shape(sharding, spec.shape)
     _check_shard_shapes(shards, expected, "shard.sizes() == expected_shard_shape")
+    reserve(rt, spec.shape, shards[0].dtype, rt.default_device_index, spec)
     value = torch.zeros(spec.shape, dtype=shards[0].dtype)
     if spec.op.proto_type == ProtoType.REPLICATED:
         value.copy_(shards[0])  # each host reads back its own replica
     else:
         all_shards, ordinals = gather_shards(rt, shards, local)
         place_shards(value, spec, all_shards, ordinals)
-    out = wrap_data(value, None)
-    check_fits(rt, out, spec)
-    out._sharding = spec
+    out = wrap_data(value, None, spec)
     if shards[0].requires_grad:
         out.requires_grad_(True)
     return out

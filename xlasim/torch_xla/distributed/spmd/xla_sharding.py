@@ -26,6 +26,7 @@ from torch_xla import _XLAC as _xlac
 from torch_xla.distributed.spmd.xla_sharded_tensor import XLAShardedTensor
 
 from xlasim.runtime import custom_ops as _custom_ops
+from xlasim.runtime import state as _runtime_state
 from xlasim.sharding import mesh as _mesh
 from xlasim.sharding.device_mesh import (
     create_device_mesh,
@@ -81,18 +82,16 @@ class Mesh(_mesh.Mesh):
         raise NotImplementedError("xlasim does not simulate JAX interop (Mesh.get_jax_mesh)")
 
 
-_GLOBAL_MESH: Mesh | None = None
-
-
 def set_global_mesh(mesh: Mesh) -> None:
     """Set the global mesh that can be used for the current process."""
-    global _GLOBAL_MESH
-    _GLOBAL_MESH = mesh
+    # Kept on the runtime, not in this module: a nested simulation is a process of its own.
+    _runtime_state.current().global_mesh = mesh
 
 
 def get_global_mesh() -> Mesh | None:
     """Get the global mesh for the current process (None if not set)."""
-    return _GLOBAL_MESH
+    mesh: Mesh | None = _runtime_state.current().global_mesh
+    return mesh
 
 
 def get_1d_mesh(axis_name: str | None = None) -> Mesh:

@@ -1,0 +1,84 @@
+"""The simulator's own environment variables (``XLASIM_*``), parsed one way.
+
+A variable that is unset or empty takes its default; any other value must be valid, and a
+value that is not raises :class:`EnvError` naming the variable, the value and what would be
+valid -- a typo never silently switches a knob off.  (The ``XLA_*`` variables torch_xla itself
+reads keep torch_xla's own parsing, in the surface.)  Imports nothing heavy: interpreter
+start-up reads these.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+
+__all__ = ["EnvError", "env_bool", "env_float", "env_int", "TRUE_WORDS", "FALSE_WORDS"]
+
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
+
+
+class EnvError(ValueError):
+    """An ``XLASIM_*`` variable holds a value the simulator cannot use."""
+
+
+def _raw(name: str, environ: Mapping[str, str] | None) -> str | None:
+    value = (os.environ if environ is None else environ).get(name)
+    if value is None or not value.strip():
+        return None
+    return value.strip()
+
+
+def env_bool(name: str, default: bool = False, environ: Mapping[str, str] | None = None) -> bool:
+    """``name`` as an on/off switch: 1/true/yes/on or 0/false/no/off, any case."""
+    raw = _raw(name, environ)
+    if raw is None:
+        return default
+    word = raw.lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    raise EnvError(
+        f"{name}={raw!r} is not a valid on/off value: use one of {', '.join(TRUE_WORDS)} "
+        f"(on) or {', '.join(FALSE_WORDS)} (off), or leave it unset"
+    )
+
+
+def env_int(
+    name: str,
+    default: int,
+    *,
+    minimum: int | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> int:
+    """``name`` as a whole number (at least ``minimum`` when given)."""
+    raw = _raw(name, environ)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = None
+    if value is None or (minimum is not None and value < minimum):
+        bound = f" >= {minimum}" if minimum is not None else ""
+        raise EnvError(f"{name}={raw!r} is not valid: expected a whole number{bound}")
+    return value
+
+
+def env_float(
+    name: str, default: float, *, positive: bool = True, environ: Mapping[str, str] | None = None
+) -> float:
+    """``name`` as a finite number of (by default positive) seconds, bytes...."""
+    raw = _raw(name, environ)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or (positive and value <= 0):
+        kind = "a finite number > 0" if positive else "a finite number"
+        raise EnvError(f"{name}={raw!r} is not valid: expected {kind}")
+    return value
