@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from xlasim.sharding.messages import with_hint
+
 aten = torch.ops.aten
 
 _XLA_TYPES = {
@@ -155,11 +157,6 @@ def aten_type_string(t: torch.Tensor) -> str:
         return legacy
     name = _SCALAR_TYPE_NAMES.get(t.dtype, str(t.dtype).replace("torch.", "").capitalize())
     return f"CPU{name}Type"
-
-
-def with_hint(message: str, hint: str) -> str:
-    """Real torch_xla's message, then what xlasim can add (``message (xlasim: hint)``)."""
-    return f"{message} (xlasim: {hint})"
 
 
 def expected_xla_tensor(t: torch.Tensor, hint: str) -> str:

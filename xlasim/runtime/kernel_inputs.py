@@ -24,7 +24,8 @@ from typing import Any
 
 import torch
 
-from xlasim.runtime.errors import aten_type_string, expected_xla_tensor, with_hint
+from xlasim.runtime.errors import aten_type_string, expected_xla_tensor
+from xlasim.sharding.messages import with_hint
 
 __all__ = ["KERNEL_INPUTS", "LIST", "SCALAR", "STRICT", "check_cpu_inputs", "rules_for"]
 

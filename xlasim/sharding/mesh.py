@@ -20,6 +20,7 @@ from typing import Any, Union
 
 import numpy as np
 
+from xlasim.sharding.messages import with_hint
 from xlasim.sharding.op_sharding import OpSharding, ShardingType
 
 # One entry per tensor dim: a mesh axis (index or name), several axes, or None (replicated).
@@ -105,7 +106,7 @@ class Mesh:
         if len(partition_spec) == 0:
             return OpSharding([], [], [], ShardingType.REPLICATED)
         spec = resolve_axis_names(self, partition_spec)
-        _check_mesh_axes(spec, len(self.mesh_shape))
+        _check_mesh_axes(spec, self)
         tiles = tile_assignment(self, spec)
         # A spec shorter than the mesh leaves mesh axes over which the tensor is replicated.
         kind = (
@@ -130,13 +131,32 @@ def _mesh_axes(spec: tuple[Any, ...]) -> np.ndarray:
     return np.hstack(list(spec))
 
 
-def _check_mesh_axes(spec: tuple[Any, ...], mesh_rank: int) -> None:
+def _axes_text(mesh: Mesh) -> str:
+    names = mesh.axis_names
+    rank = len(mesh.mesh_shape)
+    if names is None:
+        return f"the mesh (shape {tuple(mesh.mesh_shape)}) has unnamed axes 0..{rank - 1}"
+    listed = ", ".join(f"{i}={n!r}" for i, n in enumerate(names))
+    return f"the mesh (shape {tuple(mesh.mesh_shape)}) has axes {listed}"
+
+
+def _check_mesh_axes(spec: tuple[Any, ...], mesh: Mesh) -> None:
     used = [a for a in _mesh_axes(spec) if a is not None]
-    assert all(0 <= a < mesh_rank for a in used), (
-        f"partition_spec ({spec}) contains out of bound index into mesh_shape."
+    mesh_rank = len(mesh.mesh_shape)
+    assert all(0 <= a < mesh_rank for a in used), with_hint(
+        f"partition_spec ({spec}) contains out of bound index into mesh_shape.",
+        f"{_axes_text(mesh)}; a spec entry is None, an axis index, an axis name or a tuple of them",
     )
-    assert len(np.unique(used)) == len(used), (
-        f"Each device mesh dimension should appear at most once in partition_spec {spec}."
+    assert len(np.unique(used)) == len(used), _repeated_axes_message(spec, used, mesh)
+
+
+def _repeated_axes_message(spec: tuple[Any, ...], used: list[Any], mesh: Mesh) -> str:
+    twice = sorted({int(a) for a in used if used.count(a) > 1})
+    names = mesh.axis_names
+    which = ", ".join(f"{a} ({names[a]!r})" if names else str(a) for a in twice)
+    return with_hint(
+        f"Each device mesh dimension should appear at most once in partition_spec {spec}.",
+        f"mesh axis {which} is used more than once; {_axes_text(mesh)}",
     )
 
 
@@ -207,7 +227,12 @@ def resolve_axis_names(mesh: Mesh, partition_spec: tuple[Any, ...]) -> tuple[Any
         if kind is str:
             index = mesh.get_axis_name_idx(entry)
             if index is None:
-                raise ValueError(f"Axis name {entry} is not defined in the given mesh")
+                raise ValueError(
+                    with_hint(
+                        f"Axis name {entry} is not defined in the given mesh",
+                        f"{entry!r} is not an axis name of this mesh; {_axes_text(mesh)}",
+                    )
+                )
             return index
         raise ValueError(f"Spec type {kind} is not supported in partition spec")
 

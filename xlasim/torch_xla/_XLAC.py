@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from xlasim.runtime import state
+from xlasim.runtime.errors import expected_xla_tensor
 from xlasim.runtime.memory import reserve, reshard, settle
 from xlasim.runtime.shards import (
     assemble_from_hosts,
@@ -226,8 +227,16 @@ def xla_tensor(t: Any) -> Any:
     global_tensor = getattr(t, "global_tensor", None)  # XLAShardedTensor wraps one
     if isinstance(global_tensor, XlaSimTensor):
         return global_tensor
-    kind = t.type() if isinstance(t, torch.Tensor) else type(t).__name__
-    raise RuntimeError(f"Expected XLA tensor. Got: {kind}")
+    if isinstance(t, torch.Tensor):
+        raise RuntimeError(
+            expected_xla_tensor(
+                t,
+                f"a {t.device.type} tensor (shape {list(t.shape)}) was given where torch_xla "
+                f"needs a tensor on the xla device; move it there first, e.g. "
+                f"t = t.to(torch_xla.device())",
+            )
+        )
+    raise RuntimeError(f"Expected XLA tensor. Got: {type(t).__name__}")
 
 
 def _is_pending_ir(x: Any) -> bool:
