@@ -8,6 +8,7 @@ outermost exit puts back whatever ``torch_xla`` modules were there before.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import importlib.abc
 import importlib.machinery
@@ -125,6 +126,36 @@ def _probe_autograd(spec: Any) -> None:
     finally:
         _runtime.pop(scratch)
     _probed = True
+    atexit.register(_release_graph_tasks_at_exit, spec, os.getpid())
+
+
+def _release_graph_tasks_at_exit(spec: Any, pid: int) -> None:
+    """Makes interpreter exit safe after backward passes on ``xla`` tensors.
+
+    The autograd device threads that ran them may still hold a finished graph task whose
+    release needs the GIL, which aborts the process once shutdown has begun; see
+    ``_device.release_graph_tasks``. Runs on a throwaway runtime like the start-up check.
+    """
+    if os.getpid() != pid:
+        return  # a forked child: the device threads stayed in the parent
+    import torch
+
+    from xlasim import _device, _runtime, _tensor
+
+    scratch = _runtime.SimRuntime(spec, 0)
+    _runtime.push(scratch)
+    try:
+        _device.release_graph_tasks(
+            lambda index: _tensor.wrap_data(torch.zeros(1), _tensor.xla_device(index)),
+            _tensor.device_indices(),
+        )
+    except Exception as exc:  # exit goes on; say why it may not be clean
+        print(
+            f"xlasim: could not wait for autograd's device threads at exit: {exc!r}",
+            file=sys.stderr,
+        )
+    finally:
+        _runtime.pop(scratch)
 
 
 class simulate:  # noqa: N801 - used like a function: `with xlasim.simulate(...)`
