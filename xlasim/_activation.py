@@ -9,13 +9,14 @@ outermost exit puts back whatever ``torch_xla`` modules were there before.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import importlib.abc
 import importlib.machinery
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any, TypeVar
 
@@ -111,23 +112,31 @@ def _swap_out() -> None:
 _probed = False
 
 
+@contextlib.contextmanager
+def _scratch_runtime(spec: Any) -> Iterator[None]:
+    """A throwaway runtime for the simulator's own backward passes, so no state leaks."""
+    from xlasim.runtime import state as _runtime
+
+    scratch = _runtime.SimRuntime(spec, 0)
+    _runtime.push(scratch)
+    try:
+        yield
+    finally:
+        _runtime.pop(scratch)
+
+
 def _probe_autograd(spec: Any) -> None:
-    """Runs the one-time autograd check on a throwaway runtime, so no state leaks."""
+    """Runs the one-time autograd check, and arranges a safe exit after backward passes."""
     global _probed
     if _probed:
         return
     import torch
 
     from xlasim.runtime import device as _device
-    from xlasim.runtime import state as _runtime
     from xlasim.runtime import tensor as _tensor
 
-    scratch = _runtime.SimRuntime(spec, 0)
-    _runtime.push(scratch)
-    try:
+    with _scratch_runtime(spec):
         _device.check_autograd_engine(lambda: _tensor.wrap_data(torch.zeros(1), None))
-    finally:
-        _runtime.pop(scratch)
     _probed = True
     atexit.register(_release_graph_tasks_at_exit, spec, os.getpid())
 
@@ -137,28 +146,26 @@ def _release_graph_tasks_at_exit(spec: Any, pid: int) -> None:
 
     The autograd device threads that ran them may still hold a finished graph task whose
     release needs the GIL, which aborts the process once shutdown has begun; see
-    ``_device.release_graph_tasks``. Runs on a throwaway runtime like the start-up check.
+    ``runtime.device.release_graph_tasks``.
     """
     if os.getpid() != pid:
         return  # a forked child: the device threads stayed in the parent
     import torch
 
-    from xlasim import _device, _runtime, _tensor
+    from xlasim.runtime import device as _device
+    from xlasim.runtime import tensor as _tensor
 
-    scratch = _runtime.SimRuntime(spec, 0)
-    _runtime.push(scratch)
     try:
-        _device.release_graph_tasks(
-            lambda index: _tensor.wrap_data(torch.zeros(1), _tensor.xla_device(index)),
-            _tensor.device_indices(),
-        )
+        with _scratch_runtime(spec):
+            _device.release_graph_tasks(
+                lambda index: _tensor.wrap_data(torch.zeros(1), _tensor.xla_device(index)),
+                _tensor.device_indices(),
+            )
     except Exception as exc:  # exit goes on; say why it may not be clean
         print(
             f"xlasim: could not wait for autograd's device threads at exit: {exc!r}",
             file=sys.stderr,
         )
-    finally:
-        _runtime.pop(scratch)
 
 
 class simulate:  # noqa: N801 - used like a function: `with xlasim.simulate(...)`
