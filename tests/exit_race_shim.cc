@@ -17,8 +17,8 @@
 //     autograd engine waits until the main thread waits there again (a later backward) or the
 //     interpreter is finalizing.
 // Every wait is bounded (kBoundS) and says so on stderr when the bound trips. The shim writes
-// "exit-race shim: held the release of a finished graph task" when window 2 held a task release,
-// so a test can tell that the race was really set up.
+// kReleased when a device thread, after window 1, releases a task that holds Python objects, so
+// a test can tell that the race was really set up.
 #include <dlfcn.h>
 #include <execinfo.h>
 #include <pthread.h>
@@ -75,6 +75,7 @@ struct Stack {
 };
 
 const char kThreadMain[] = "Engine11thread_main";
+const char kReleased[] = "exit-race shim: a device thread releases a finished graph task after backward()";
 const char kEvaluate[] = "Engine17evaluate_function";
 
 template <typename F>
@@ -115,21 +116,19 @@ void wait_until(Pred done, const char* what) {
 void hold_device_thread_gil_request() {
   if (!is_device_thread()) return;
   Stack stack;
-  if (stack.has(kEvaluate)) {
-    t_handed_back = false;  // running a node: the earlier task is gone
-    return;
-  }
-  if (g_main_waits_in_engine.load() || finalizing()) return;
+  if (stack.has(kEvaluate)) return;  // running a node of a backward pass
+  // The engine loop itself wanting the GIL after handing a task back: it is releasing the
+  // task's Python objects, after backward() has returned.
   bool release = t_handed_back && stack.has(kThreadMain);
-  wait_until([] { return g_main_waits_in_engine.load() || finalizing(); },
-             "the main thread to run backward or to shut down");
   if (release) {
     t_handed_back = false;
-    say(finalizing()
-            ? "exit-race shim: held the release of a finished graph task until shutdown\n"
-            : "exit-race shim: held the release of a finished graph task until the next "
-              "backward\n");
+    say(kReleased);
+    say("\n");
   }
+  if (g_main_waits_in_engine.load() || finalizing()) return;
+  wait_until([] { return g_main_waits_in_engine.load() || finalizing(); },
+             "the main thread to run backward or to shut down");
+  if (release && finalizing()) say("exit-race shim: held that release until shutdown\n");
 }
 
 __attribute__((constructor)) void load_unwinder() {
@@ -161,6 +160,7 @@ void PyEval_RestoreThread(void* tstate) {
 
 int pthread_cond_wait(pthread_cond_t* cond, pthread_mutex_t* mutex) {
   static auto real = next_symbol<int (*)(pthread_cond_t*, pthread_mutex_t*)>("pthread_cond_wait");
+  if (is_device_thread()) t_handed_back = false;  // idle: it has let go of its last task
   if (!is_main_thread() || !Stack().has(kThreadMain)) return real(cond, mutex);
   g_main_waits_in_engine.store(true);
   int rc = real(cond, mutex);

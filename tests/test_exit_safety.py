@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 SHIM_SOURCE = Path(__file__).with_name("exit_race_shim.cc")
-HELD = "exit-race shim: held the release of a finished graph task"
+HELD = "exit-race shim: a device thread releases a finished graph task after backward()"
 
 # The shim interposes CPython's GIL functions, which only works when they come from a shared
 # libpython (a statically linked interpreter binds its own calls first).
