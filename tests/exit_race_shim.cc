@@ -10,8 +10,8 @@
 // the GIL, inside a noexcept destructor, and the process aborts.
 //
 // The shim widens both windows:
-//  1. after a device thread has handed a finished task back (the condition-variable signal
-//     that wakes the caller), it waits until the main thread has come back from backward() (its next
+//  1. after a device thread has handed a finished task back (the condition-variable signal that
+//     wakes the caller), it waits until the main thread has come back from backward() (its next
 //     PyEval_RestoreThread), so the device thread holds the last reference;
 //  2. a GIL request of a device thread made while the main thread is not waiting inside the
 //     autograd engine waits until the main thread waits there again (a later backward) or the

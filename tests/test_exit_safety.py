@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 SHIM_SOURCE = Path(__file__).with_name("exit_race_shim.cc")
-HELD = "exit-race shim: a device thread releases a finished graph task after backward()"
+RELEASED_LATE = "exit-race shim: a device thread releases a finished graph task after backward()"
 
 # The shim interposes CPython's GIL functions, which only works when they come from a shared
 # libpython (a statically linked interpreter binds its own calls first).
@@ -93,7 +93,7 @@ def test_exit_right_after_a_backward_pass(race_shim):
     out = _run(race_shim, program)
     _assert_clean_exit(out)
     assert out.stdout.strip() == "[2.0, 2.0, 2.0]"
-    assert HELD in out.stderr, "the shim did not set up the race: " + out.stderr
+    assert RELEASED_LATE in out.stderr, "the shim did not set up the race: " + out.stderr
 
 
 @pytest.mark.skipif(
@@ -105,4 +105,4 @@ def test_exit_after_a_backward_pass_under_env_activation(race_shim):
     out = _run(race_shim, BACKWARD, {"XLASIM_TOPOLOGY": "2x2"})
     _assert_clean_exit(out)
     assert out.stdout.strip() == "[2.0, 2.0, 2.0]"
-    assert HELD in out.stderr, "the shim did not set up the race: " + out.stderr
+    assert RELEASED_LATE in out.stderr, "the shim did not set up the race: " + out.stderr
