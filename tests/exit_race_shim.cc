@@ -75,7 +75,8 @@ struct Stack {
 };
 
 const char kThreadMain[] = "Engine11thread_main";
-const char kReleased[] = "exit-race shim: a device thread releases a finished graph task after backward()";
+const char kReleased[] =
+    "exit-race shim: a device thread releases a finished graph task after backward()";
 const char kEvaluate[] = "Engine17evaluate_function";
 
 template <typename F>
