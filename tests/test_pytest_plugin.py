@@ -42,16 +42,19 @@ def _load_args() -> list[str]:
     return [] if installed else ["-p", "xlasim.pytest_plugin"]
 
 
+# Inner sessions keep file order even where pytest-randomly is installed (it would shuffle the
+# lines the tests match in order).
+_INNER_ARGS = ("-p", "no:cacheprovider", "-p", "no:randomly", "-rA")
+
+
 def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
-    return pytester.runpytest(*_load_args(), "-p", "no:cacheprovider", "-rA", *args)
+    return pytester.runpytest(*_load_args(), *_INNER_ARGS, *args)
 
 
 def run_sim(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
     """Sim-target runs go to a subprocess: an in-process pytester run drops the modules first
     imported inside it (the simulator's included) from sys.modules when it ends."""
-    return pytester.runpytest_subprocess(
-        *_load_args(), "-p", "no:cacheprovider", "-rA", *args, timeout=300
-    )
+    return pytester.runpytest_subprocess(*_load_args(), *_INNER_ARGS, *args, timeout=300)
 
 
 @pytest.fixture
