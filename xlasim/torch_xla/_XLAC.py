@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from xlasim.runtime import state
+from xlasim.runtime import optimizer_steps, state
 from xlasim.runtime.memory import check_fits
 from xlasim.runtime.shards import (
     assemble_from_hosts,
@@ -158,6 +158,11 @@ def _xla_tensors_from_aten(
 
 def _xla_wait_device_ops(devices: Any = ()) -> None:
     """Simulated execution is synchronous: nothing is ever in flight."""
+
+
+# The fused updates of torch_xla.amp.syncfree's optimizers.
+_xla_adam_optimizer_step_ = optimizer_steps.adam_step
+_xla_sgd_optimizer_step_ = optimizer_steps.sgd_step
 
 
 # -- metrics ---------------------------------------------------------------------------
