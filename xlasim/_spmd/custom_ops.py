@@ -21,17 +21,24 @@ _LINEAR_GRAD_WEIGHT = "...m,...n->mn"
 _LINEAR_GRAD_BIAS = "...m->m"
 
 
-@custom_op("xla::aot_mark_sharding", mutates_args=())
-def aot_mark_sharding(t: Tensor, mesh: str, partition_spec: str) -> Tensor:
-    # Mesh and spec travel as strings: custom ops take only schema-typed arguments.
-    if t is None:
+def sharded_copy(t: Tensor, mesh: str, partition_spec: str) -> Tensor:
+    """What ``xla::aot_mark_sharding`` computes: a copy of ``t`` sharded as the texts say.
+
+    The mesh travels as ``str(mesh)`` and the spec as its repr, since a custom op takes only
+    schema-typed arguments; both are read back here.
+    """
+    if t is None:  # an absent gradient stays absent
         return None
+    # Deferred: the surface module is imported per simulation, this one once per process.
     import torch_xla.distributed.spmd as xs
 
-    parsed_mesh = xs.Mesh.from_str(mesh)
-    assert parsed_mesh is not None
-    spec = ast.literal_eval(partition_spec)
-    return xs.mark_sharding(t.clone(), parsed_mesh, spec).global_tensor
+    target = xs.Mesh.from_str(mesh)
+    assert target is not None
+    copy = xs.mark_sharding(t.clone(), target, ast.literal_eval(partition_spec))
+    return copy.global_tensor
+
+
+aot_mark_sharding = custom_op("xla::aot_mark_sharding", sharded_copy, mutates_args=())
 
 
 @aot_mark_sharding.register_fake
