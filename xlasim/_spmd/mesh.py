@@ -14,6 +14,7 @@ with the real ones), so pytest must not rewrite them.
 from __future__ import annotations
 
 import functools
+import math
 from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any, Union
@@ -154,14 +155,17 @@ def tile_assignment(mesh: Mesh, partition_spec: tuple[Any, ...]) -> np.ndarray:
     axes it names (adjacent after the reordering) into one.
     """
     tiled = [entry for entry in partition_spec if entry is not None]
-    order = _mesh_axes(tuple(tiled)).tolist() if tiled else []
-    rest = sorted(set(range(len(mesh.shape()))) - set(order))
-    tiles = mesh.get_logical_mesh().transpose(order + rest)
-    for axis, entry in enumerate(tiled):
-        if isinstance(entry, tuple):
-            dims = tiles.shape
-            tiles = tiles.reshape((*dims[:axis], -1, *dims[axis + len(entry) :]))
-    return tiles
+    used = _mesh_axes(tuple(tiled)).tolist() if tiled else []
+    unused = [axis for axis in range(len(mesh.mesh_shape)) if axis not in used]
+    tiles = mesh.get_logical_mesh().transpose(used + unused)
+    # After the transpose each tiled entry's axes are adjacent, in spec order: one tile dim
+    # per entry (the product of its axes), then the unused axes as they are.
+    sizes = iter(tiles.shape)
+    per_entry = [
+        math.prod(next(sizes) for _ in range(len(entry) if isinstance(entry, tuple) else 1))
+        for entry in tiled
+    ]
+    return tiles.reshape(per_entry + list(sizes))
 
 
 def _tile_blocks(tiles: np.ndarray, n_tiled: int) -> Iterator[list[Any]]:
