@@ -37,7 +37,7 @@ def _get_device_context(device: str | torch.device | None = None) -> DeviceConte
 
 
 def is_xla_tensor(tensor: torch.Tensor) -> bool:
-    return tensor.is_xla
+    return tensor.device.type == "xla"
 
 
 def get_xla_supported_devices(max_devices: int | None = None) -> list[str]:

@@ -179,7 +179,7 @@ class XLAShardedTensor(DTensor):
     @property
     def sharding_type(self) -> Any:
         # None (no annotation) is not a ShardingType: that fails here, as in torch_xla.
-        return ShardingType(_xlac._get_xla_sharding_type(self.global_tensor))
+        return ShardingType(_xlac._get_xla_sharding_type(self.global_tensor))  # type: ignore[arg-type]
 
     def __repr__(self) -> str:  # type: ignore[override]
         inner = getattr(self, "global_tensor", None)
@@ -261,9 +261,9 @@ class XLAShardedTensor(DTensor):
         _xlac._xla_annotate_custom_sharding(target, device_mesh.get_op_sharding(spec))
         return XLAShardedTensor(target, mesh_shape=device_mesh.mesh_shape, partition_spec=spec)
 
-    # DTensor switches __torch_function__ off; this subclass restores torch.Tensor's default,
-    # so torch functions keep returning XLAShardedTensor.
-    __torch_function__ = classmethod(torch.Tensor.__torch_function__.__func__)  # type: ignore[assignment]
+    # DTensor switches __torch_function__ off; this subclass takes torch.Tensor's own (a
+    # classmethod) back, so torch functions keep returning XLAShardedTensor.
+    __torch_function__ = vars(torch.Tensor)["__torch_function__"]
 
 
 def _global_of(t: XLAShardedTensor) -> torch.Tensor:

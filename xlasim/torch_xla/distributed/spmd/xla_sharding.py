@@ -208,7 +208,7 @@ def enable_manual_sharding(
 ) -> XLAShardedTensor:
     """Shard ``t`` by ``partition_spec`` and switch it (and what it feeds) to manual sharding."""
     mesh = _mesh_or_global(mesh)
-    annotated = mark_sharding(unwrap_sharded_tensor(t), mesh, partition_spec)  # type: ignore[arg-type]
+    annotated = mark_sharding(unwrap_sharded_tensor(t), mesh, partition_spec)
     per_device = _xlac._spmd_full_to_shard_shape(annotated.global_tensor)
     return _with_layout(per_device, mesh, partition_spec)
 
@@ -252,7 +252,7 @@ def mark_sharding_with_gradients(
     """Shard an intermediate tensor (not in place) and its gradient in the backward pass."""
     _require_full_spec(t, partition_spec)
     # Autograd calls MarkShardingFunction.backward for the gradient's annotation.
-    return MarkShardingFunction.apply(t, mesh, partition_spec)  # type: ignore[no-any-return]
+    return MarkShardingFunction.apply(t, mesh, partition_spec)
 
 
 def shard_as(a: Any, b: Any) -> tuple[Any, Any]:
@@ -288,7 +288,9 @@ def unwrap_sharded_tensor(t: torch.Tensor | XLAShardedTensor) -> torch.Tensor:
 def wrap_if_sharded(x: Any) -> Any:
     """If the input is a sharded tensor, return an XLAShardedTensor wrapping it."""
     # Only a bare xla tensor can need a wrapper; anything else comes back unchanged.
-    bare_xla = type(x) is not XLAShardedTensor and isinstance(x, torch.Tensor) and x.is_xla
+    bare_xla = (
+        isinstance(x, torch.Tensor) and not isinstance(x, XLAShardedTensor) and xm.is_xla_tensor(x)
+    )
     if bare_xla and _xlac._get_xla_sharding_type(x) is not None:
         return XLAShardedTensor(x)
     return x
@@ -364,7 +366,7 @@ class EinsumLinear(torch.nn.Linear):
     """A `torch.nn.Linear` subclass implemented with `einsum`."""
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002
-        return XLAPatchedLinear.apply(input, self.weight, self.bias)  # type: ignore[no-any-return]
+        return XLAPatchedLinear.apply(input, self.weight, self.bias)
 
 
 def apply_xla_patch_to_nn_linear(module: torch.nn.Module) -> torch.nn.Module:
