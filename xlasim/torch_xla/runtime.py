@@ -10,7 +10,7 @@ import warnings
 
 import torch_xla
 
-from xlasim import _runtime
+from xlasim.runtime import state as _runtime
 
 
 def _rt() -> _runtime.SimRuntime:

@@ -11,7 +11,7 @@ import torch_xla.core.xla_model as xm
 import torch_xla.distributed.xla_multiprocessing as xmp
 import torch_xla.runtime as xr
 
-from xlasim import _runtime
+from xlasim.runtime import state as _runtime
 
 
 def device(index: int | None = None) -> torch.device:

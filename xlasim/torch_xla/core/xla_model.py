@@ -13,7 +13,9 @@ import torch_xla.runtime as runtime
 from torch import optim
 from typing_extensions import deprecated
 
-from xlasim import _memory, _runtime, _tensor
+from xlasim.runtime import device_memory as _memory
+from xlasim.runtime import state as _runtime
+from xlasim.runtime import tensor as _tensor
 
 REDUCE_SUM = "sum"
 REDUCE_MUL = "mul"

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from xlasim import _metrics, _runtime
+from xlasim.runtime import metrics as _metrics
+from xlasim.runtime import state as _runtime
 
 # What short_metrics_report shows when it is given no (or empty) name lists.
 _SHORT_COUNTERS = ("CachedCompile", "MarkStep", "DynamoSyncInputExecuteTime")

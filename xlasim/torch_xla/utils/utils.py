@@ -7,7 +7,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from xlasim import _runtime
+from xlasim.runtime import state as _runtime
 
 
 def getenv_as(name: str, type: Callable[[str], Any], defval: Any = None) -> Any:  # noqa: A002

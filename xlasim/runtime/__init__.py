@@ -1,0 +1,1 @@
+"""The simulated runtime's state: device, tensors, lazy graphs, metrics, memory, hosts."""
