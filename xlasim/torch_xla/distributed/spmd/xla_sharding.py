@@ -288,12 +288,10 @@ def unwrap_sharded_tensor(t: torch.Tensor | XLAShardedTensor) -> torch.Tensor:
 def wrap_if_sharded(x: Any) -> Any:
     """If the input is a sharded tensor, return an XLAShardedTensor wrapping it."""
     # Only a bare xla tensor can need a wrapper; anything else comes back unchanged.
-    bare_xla = (
-        isinstance(x, torch.Tensor) and not isinstance(x, XLAShardedTensor) and xm.is_xla_tensor(x)
-    )
-    if bare_xla and _xlac._get_xla_sharding_type(x) is not None:
-        return XLAShardedTensor(x)
-    return x
+    if isinstance(x, XLAShardedTensor) or not isinstance(x, torch.Tensor):
+        return x
+    annotated = xm.is_xla_tensor(x) and _xlac._get_xla_sharding_type(x) is not None
+    return XLAShardedTensor(x) if annotated else x
 
 
 @dataclass
