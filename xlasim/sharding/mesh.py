@@ -49,13 +49,13 @@ def _check_mesh(
 
 
 class Mesh:
-    """Describe the logical XLA device topology mesh and the underlying resources.
+    """A logical grid of the slice's devices, which partition specs refer to by axis.
 
     Args:
-      device_ids: A flattened list of devices (IDs), reshaped row-major to ``mesh_shape``.
-        Each ID indexes into ``xr.global_runtime_device_attributes()``.
-      mesh_shape: A int tuple describing the shape of the device mesh.
-      axis_names: A sequence of mesh axis names, one per mesh dimension.
+      device_ids: every global device id once, laid out row-major over ``mesh_shape``
+        (ids index ``xr.global_runtime_device_attributes()``).
+      mesh_shape: the size of each mesh axis.
+      axis_names: optional names for the axes, one each.
       num_devices: the global device count (what torch_xla reads from the runtime).
     """
 
@@ -98,7 +98,7 @@ class Mesh:
     # a spec that is not hashable (a list) is a TypeError.
     @functools.cache  # noqa: B019
     def get_op_sharding(self, partition_spec: PartitionSpec) -> OpSharding:
-        """Return the OpSharding for the given partition spec (cached per mesh)."""
+        """The OpSharding that ``partition_spec`` means on this mesh (one object per spec)."""
         # A scalar (mark_sharding checked rank == spec length) can only be replicated.
         if len(partition_spec) == 0:
             return OpSharding([], [], [], ShardingType.REPLICATED)

@@ -223,7 +223,7 @@ class XLAShardedTensor(DTensor):
 
     @property
     def placements(self) -> tuple[Placement, ...]:
-        """The placements that describe how this tensor is distributed."""
+        """One DTensor placement per mesh axis (Shard(dim) or Replicate())."""
         try:
             spec = self._spec
         except Exception:
@@ -235,7 +235,7 @@ class XLAShardedTensor(DTensor):
         return spec.placements
 
     def invalidate_spec_cache(self) -> None:
-        """Invalidate the cached DTensorSpec."""
+        """Drops the DTensor spec built from the layout (it is rebuilt when next needed)."""
         self._cached_spec = None
 
     def redistribute(  # type: ignore[override]

@@ -44,13 +44,12 @@ from xlasim.sharding.mesh import (
 
 
 class Mesh(_mesh.Mesh):
-    """Describe the logical XLA device topology mesh and the underlying resources.
+    """A logical grid over every device of the simulated slice (see ``xlasim.sharding.Mesh``).
 
     Args:
-      device_ids: A flattened list of devices (IDs), reshaped row-major to ``mesh_shape``;
-        each ID indexes into ``xr.global_runtime_device_attributes()``.
-      mesh_shape: A int tuple describing the shape of the device mesh.
-      axis_names: A sequence of mesh axis names; its length should match ``mesh_shape``.
+      device_ids: every global device id once, laid out row-major over ``mesh_shape``.
+      mesh_shape: the size of each mesh axis.
+      axis_names: optional names for the axes, one each.
     """
 
     def __init__(
@@ -65,7 +64,7 @@ class Mesh(_mesh.Mesh):
 
     @classmethod
     def from_str(cls, mesh_str: str) -> Mesh | None:
-        """Create Mesh from string representation."""
+        """The mesh that ``str(mesh)`` described, or None for text that is not one."""
         import ast
 
         # Accepts ``str(mesh)``, with or without a leading "Mesh"; anything else is None.
@@ -84,18 +83,18 @@ _GLOBAL_MESH: Mesh | None = None
 
 
 def set_global_mesh(mesh: Mesh) -> None:
-    """Set the global mesh that can be used for the current process."""
+    """Remembers ``mesh`` as this process's default (``get_global_mesh`` returns it)."""
     global _GLOBAL_MESH
     _GLOBAL_MESH = mesh
 
 
 def get_global_mesh() -> Mesh | None:
-    """Get the global mesh for the current process (None if not set)."""
+    """The mesh ``set_global_mesh`` stored, or None."""
     return _GLOBAL_MESH
 
 
 def get_1d_mesh(axis_name: str | None = None) -> Mesh:
-    """Helper function to return the mesh with all devices in one dimension."""
+    """A one-axis mesh over every device, in device order."""
     count = xr.global_runtime_device_count()
     names = None if axis_name is None else (axis_name,)
     return Mesh(np.arange(count), (count,), names)
@@ -107,9 +106,11 @@ def _device_ordinal(attributes: dict[str, Any]) -> int:
 
 
 class HybridMesh(Mesh):
-    """A device mesh over ICI (within a slice) and DCN (across slices) connected devices,
-    laid out on the slice's physical torus from ``xr.global_runtime_device_attributes()``.
-    The logical mesh is ordered by increasing network intensity, e.g. [replica, data, model].
+    """A mesh laid out on the chips' physical torus (``ici_mesh_shape``), repeated across
+    slices (``dcn_mesh_shape``).
+
+    List the axes from least to most communication-heavy (say replica, data, model): the
+    heaviest get the best-connected devices.
     """
 
     ici_mesh_shape: tuple[int, ...]
@@ -198,7 +199,8 @@ def _annotate(
 
 def _mark_manual_sharding(t: torch.Tensor | XLAShardedTensor) -> XLAShardedTensor:
     """Meant to be paired with the pause_spmd & resume_spmd APIs; don't use it alone."""
-    manual = _xlac.OpSharding([], [], [], ShardingType.MANUAL)  # no tiles: each device owns its
+    # No tile assignment: under MANUAL each device keeps whatever data it holds.
+    manual = _xlac.OpSharding([], [], [], ShardingType.MANUAL)
     _xlac._mark_manual_sharding(unwrap_sharded_tensor(t), manual)
     return wrap_as_sharded_tensor(t)
 
@@ -231,7 +233,7 @@ def disable_manual_sharding(
 def annotate_custom_sharding(
     t: torch.Tensor | XLAShardedTensor, mesh: Mesh, partition_spec: PartitionSpec
 ) -> XLAShardedTensor:
-    """Annotate ``t`` with a custom sharding IR node without moving its data."""
+    """Attaches the sharding to ``t``'s IR as a custom-sharding node; its data stays put."""
     return _annotate(t, mesh, partition_spec, _xlac._xla_annotate_custom_sharding)
 
 
@@ -286,7 +288,7 @@ def unwrap_sharded_tensor(t: torch.Tensor | XLAShardedTensor) -> torch.Tensor:
 
 
 def wrap_if_sharded(x: Any) -> Any:
-    """If the input is a sharded tensor, return an XLAShardedTensor wrapping it."""
+    """``x`` as an XLAShardedTensor when it is an xla tensor with a sharding, else ``x``."""
     # Only a bare xla tensor can need a wrapper; anything else comes back unchanged.
     if isinstance(x, XLAShardedTensor) or not isinstance(x, torch.Tensor):
         return x
@@ -323,7 +325,7 @@ class ShardingSpec:
         return _xlac.XlaShardingSpec(t, *derived, kind, minibatch) if self.can_apply(t) else None
 
     def can_apply(self, t: torch.Tensor) -> bool:
-        """Test whether the ShardingSpec is compatible with the given torch.Tensor."""
+        """Whether the spec has one entry per dimension of ``t``."""
         return t.dim() == len(self.partition_spec)
 
     def apply(self, t: torch.Tensor) -> None:
@@ -361,14 +363,15 @@ def xla_patched_nn_linear_forward(m: torch.nn.Module, input: Tensor) -> Tensor: 
 
 
 class EinsumLinear(torch.nn.Linear):
-    """A `torch.nn.Linear` subclass implemented with `einsum`."""
+    """``nn.Linear`` whose forward and backward are einsums (see ``XLAPatchedLinear``)."""
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002
         return XLAPatchedLinear.apply(input, self.weight, self.bias)
 
 
 def apply_xla_patch_to_nn_linear(module: torch.nn.Module) -> torch.nn.Module:
-    """Recursively replace `nn.Linear` layers with `EinsumLinear` in the module."""
+    """Swaps every ``nn.Linear`` below ``module`` for an ``EinsumLinear`` on the same
+    parameters, and returns ``module``."""
     # A swapped Linear is replaced whole, so nothing below it is visited.
     pending = [module]
     while pending:
@@ -390,7 +393,8 @@ def _as_einsum_linear(linear: torch.nn.Linear) -> EinsumLinear:
 
 
 def apply_backward_optimization_barrier(m: torch.nn.Module) -> None:
-    """Register a full backward hook applying an optimization barrier to the module."""
+    """Puts an optimization barrier on ``m``'s gradients in the backward pass, so the
+    compiler cannot fuse its backward with the rest of the graph."""
 
     def barrier_hook(module: Any, grad_input: Any, grad_output: Any) -> None:
         # Parameters without a gradient yet, and absent input gradients, are None.
