@@ -10,11 +10,11 @@ import warnings
 
 import torch_xla
 
-from xlasim.runtime import state as _runtime
+from xlasim.runtime import state
 
 
-def _rt() -> _runtime.SimRuntime:
-    return _runtime.current()
+def _rt() -> state.SimRuntime:
+    return state.current()
 
 
 def set_device_type(pjrt_device: str) -> None:

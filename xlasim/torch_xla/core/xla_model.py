@@ -13,7 +13,7 @@ import torch_xla.runtime as runtime
 from torch import optim
 from typing_extensions import deprecated
 
-from xlasim.runtime import device_memory as _memory
+from xlasim.runtime import memory as _memory
 from xlasim.runtime import state as _runtime
 from xlasim.runtime import tensor as _tensor
 
@@ -31,7 +31,7 @@ class DeviceContext:
 
 
 def _get_device_context(device: str | torch.device | None = None) -> DeviceContext:
-    contexts = _runtime.current().extras.setdefault("device_contexts", {})
+    contexts = _runtime.current().device_contexts
     key = str(device) if device is not None else torch_xla._XLAC._xla_get_default_device()
     if key not in contexts:
         contexts[key] = DeviceContext(key)

@@ -2,7 +2,7 @@
 
 The functions and classes of the real module, with the same argument checks, messages and
 order.  The mesh arithmetic is ``xlasim.sharding.mesh``, the C++
-bindings are ``xlasim.runtime.xlac``; JAX/torchax interop raises NotImplementedError.
+bindings are the simulated ``torch_xla._XLAC``; JAX/torchax interop raises NotImplementedError.
 
 PYTEST_DONT_REWRITE: the asserts here are torch_xla's API (their messages are compared
 with the real ones), so pytest must not rewrite them.
@@ -10,6 +10,7 @@ with the real ones), so pytest must not rewrite them.
 
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,10 +21,10 @@ import torch_xla.core.xla_model as xm
 import torch_xla.runtime as xr
 from torch import Tensor
 from torch.amp import custom_bwd, custom_fwd
+from torch_xla import _XLAC as _xlac
 from torch_xla.distributed.spmd.xla_sharded_tensor import XLAShardedTensor
 
 from xlasim.runtime import custom_ops as _custom_ops
-from xlasim.runtime import xlac as _xlac
 from xlasim.runtime.tensor import XlaSimTensor
 from xlasim.sharding import mesh as _mesh
 from xlasim.sharding.device_mesh import (
@@ -52,6 +53,8 @@ class Mesh(_mesh.Mesh):
       axis_names: optional names for the axes, one each.
     """
 
+    op_sharding_type = _xlac.OpSharding
+
     def __init__(
         self,
         device_ids: np.ndarray | list[int],
@@ -65,8 +68,6 @@ class Mesh(_mesh.Mesh):
     @classmethod
     def from_str(cls, mesh_str: str) -> Mesh | None:
         """The mesh that ``str(mesh)`` described, or None for text that is not one."""
-        import ast
-
         # Accepts ``str(mesh)``, with or without a leading "Mesh"; anything else is None.
         try:
             fields = ast.literal_eval(mesh_str.replace("Mesh", ""))
@@ -420,13 +421,24 @@ class MarkShardingFunction(torch.autograd.Function):
         return grad, None, None
 
 
-_aot_mark_sharding = _custom_ops.aot_mark_sharding
+def _mark_sharding_from_strings(t: Tensor, mesh: str, partition_spec: str) -> Tensor:
+    """The kernel of ``xla::aot_mark_sharding``: a sharded copy of ``t``.
+
+    A custom op takes only schema-typed arguments, so the mesh and the spec arrive as the
+    text ``str()`` gives for them and are read back here.
+    """
+    target = Mesh.from_str(mesh)
+    assert target is not None
+    copy = mark_sharding(t.clone(), target, ast.literal_eval(partition_spec))
+    return copy.global_tensor
 
 
 def _aot_mark_sharding_on_device(_cls: Any, _func: Any, _types: Any, args: Any, kwargs: Any) -> Any:
-    return _custom_ops.sharded_copy(*args, **kwargs)
+    return _mark_sharding_from_strings(*args, **kwargs)
 
 
+_custom_ops.set_mark_sharding_kernel(_mark_sharding_from_strings)
+_aot_mark_sharding = _custom_ops.aot_mark_sharding
 # The simulator's xla tensors are a Python dispatch subclass: without this rule the op would
-# reach its implementation with their CPU values, which cannot hold a sharding.
+# reach its kernel with their CPU values, which cannot hold a sharding.
 _aot_mark_sharding.register_torch_dispatch(XlaSimTensor, _aot_mark_sharding_on_device)
