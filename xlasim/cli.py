@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -52,11 +53,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
             "(`pip install -e .` or `pip install xlasim`)",
         )
     try:
-        return subprocess.call(command, env=env)
+        rc = subprocess.call(command, env=env)
     except FileNotFoundError:
         fail("xlasim run", f"command not found: {command[0]!r}")
     except PermissionError:
         fail("xlasim run", f"command not executable: {command[0]!r}")
+    if rc < 0:
+        # Killed by a signal: exit as a shell reports it (128 + N), not as the byte that -N
+        # wraps to (SIGABRT would read 250), and say which signal.
+        print(f"xlasim run: {command[0]} was killed by {signal.Signals(-rc).name}", file=sys.stderr)
+        return 128 - rc
+    return rc
 
 
 # A slice can have thousands of hosts: the table shows the first and last few, and a list with

@@ -39,6 +39,11 @@ def xla_device(index: int | None) -> torch.device:
     return dev
 
 
+def device_indices() -> list[int]:
+    """The indices of every ``xla`` device a simulated tensor has been placed on."""
+    return sorted(_devices)
+
+
 class XlaSimTensor(torch.Tensor):
     _elem: torch.Tensor
     _node: Node | None
@@ -384,16 +389,21 @@ def device_index(runtime: Any, device: torch.device | None) -> int:
 
 
 def wrap_data(
-    elem: torch.Tensor, device: torch.device | None, sharding: Any = None
+    elem: torch.Tensor, device: torch.device | None, sharding: Any = None, allocate: bool = True
 ) -> XlaSimTensor:
     """A device-data tensor (no pending IR), as a host-to-device transfer produces, with
-    ``sharding`` (a ``TensorSharding``) if given."""
+    ``sharding`` (a ``TensorSharding``) if given.
+
+    ``allocate=False`` leaves it without a buffer for the caller to place: a transfer with an
+    input sharding lands as shards, never whole on one device first.
+    """
     runtime = _runtime.current()
     index = device_index(runtime, device)
     runtime.devices_used = True
     t = _new(elem, xla_device(index), None, runtime)
     t._sharding = sharding
-    memory.settle(runtime, t)
+    if allocate:
+        memory.settle(runtime, t)
     return t
 
 
