@@ -80,6 +80,18 @@ def cache_dir_for(base: str, spec: Any | None, torch_xla_version: str) -> str:
     return os.path.join(base, _safe(slice_key), f"torch_xla-{_safe(torch_xla_version)}")
 
 
+def check_cache_base(base: Any, what: str) -> None:
+    """Refuses, where the config is made, a cache directory no host could use: not a path, or
+    a path that already names a file (the directory itself is made on each worker)."""
+    if not isinstance(base, str) or not base:
+        raise ValueError(f"{what} {base!r} is not valid: expected a directory path (str)")
+    if os.path.isfile(base):
+        raise ValueError(
+            f"{what} {base!r} is a file, not a directory: pass a directory path (created on "
+            f"each host if missing)"
+        )
+
+
 def _check_policy(policy: Any) -> None:
     if policy not in READONLY_POLICIES or (policy in (0, 1) and not isinstance(policy, bool)):
         raise ValueError(
@@ -186,7 +198,14 @@ def initialize_cache(
 
     ro = decide_readonly(readonly, host_index, visible)
     path = cache_dir_for(base, spec, torch_xla.__version__)
-    os.makedirs(path, exist_ok=True)
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        # e.g. a file where a directory should be, or no permission to create it.
+        raise ValueError(
+            f"the compilation cache directory {path!r} cannot be created on this host: "
+            f"{e.strerror or e}; pass a directory path every host can create or read"
+        ) from e
     try:
         xr.initialize_cache(path, readonly=ro)
     except AssertionError as e:

@@ -28,6 +28,7 @@ from ray.train.torch.config import TorchConfig
 
 from tpu_backend import driver
 from tpu_backend.bootstrap import WorkerBootstrap, assign_hosts, spec_from_probes
+from tpu_backend.compile_cache import check_cache_base
 from tpu_backend.driver import BACKEND_NAME
 from tpu_backend.mesh import MeshPlan, as_axis_names, as_shape, normalize_spmd_config, plan_mesh
 from tpu_backend.topology import SliceSpec, normalize_accelerator, parse_slice
@@ -181,8 +182,16 @@ class TPUTorchConfig(TorchConfig):
             self.axis_names = as_axis_names(self.axis_names)
         for name in ("timeout_s", "bootstrap_timeout_s", "shutdown_timeout_s"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise ValueError(f"{name} {value!r} is not valid: expected a positive number")
+            # inf or nan would be a bound that never trips: a hang instead of an error.
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or (isinstance(value, float) and not math.isfinite(value))
+                or value <= 0
+            ):
+                raise ValueError(
+                    f"{name} {value!r} is not valid: expected a finite number of seconds > 0"
+                )
         if self.compilation_cache_readonly not in (True, False, "followers", "auto") or (
             self.compilation_cache_readonly in (0, 1)
             and not isinstance(self.compilation_cache_readonly, bool)
@@ -191,13 +200,8 @@ class TPUTorchConfig(TorchConfig):
                 f"compilation_cache_readonly {self.compilation_cache_readonly!r} is not "
                 f"valid; valid: True, False, 'followers', 'auto'"
             )
-        if self.compilation_cache_dir is not None and not (
-            isinstance(self.compilation_cache_dir, str) and self.compilation_cache_dir
-        ):
-            raise ValueError(
-                f"compilation_cache_dir {self.compilation_cache_dir!r} is not valid: expected "
-                f"a directory path (str)"
-            )
+        if self.compilation_cache_dir is not None:
+            check_cache_base(self.compilation_cache_dir, "compilation_cache_dir")
         if self.pjrt_device is not None and self.pjrt_device not in ("TPU", "CPU"):
             raise ValueError(
                 f"pjrt_device {self.pjrt_device!r} is not valid; valid: 'TPU', 'CPU' or None "

@@ -30,7 +30,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from tpu_backend.compile_cache import READONLY_POLICIES
+from tpu_backend.compile_cache import READONLY_POLICIES, check_cache_base
 
 __all__ = ["MIXED_PRECISION_MODES", "PRECISIONS", "SeamlessConfig"]
 
@@ -79,6 +79,8 @@ class SeamlessConfig:
                 "compile_cache=True needs compile_cache_dir (a directory path; the cache goes "
                 "under <dir>/<pod type>-<topology>/torch_xla-<version>)"
             )
+        if self.compile_cache:
+            check_cache_base(self.compile_cache_dir, "compile_cache_dir")
         if not self.compile_cache and self.compile_cache_dir is not None:
             raise ValueError(
                 f"compile_cache_dir {self.compile_cache_dir!r} is set but compile_cache=False; "

@@ -126,7 +126,7 @@ _HOST_BLOCK = (2, 2, 1)
 _CHIPS_PER_HOST = 4
 
 _MAX_DIM_DIGITS = 4  # the widest pod dimension is 28 chips
-_TOPOLOGY_RE = re.compile(r"^\d+(?:x\d+){1,2}$")
+_TOPOLOGY_RE = re.compile(r"^\d+(?:x\d+){1,2}$", re.ASCII)
 _TOPOLOGY_FORMS = (
     "expected 2 (AxB) or 3 (AxBxC) positive integers joined by 'x', e.g. '2x2' or '2x2x2'"
 )

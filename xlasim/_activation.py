@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 from tpu_backend.machine import real_torch_xla_loaded
 from tpu_backend.topology import SliceSpec, parse_slice, tpu_host_env
-from xlasim.runtime.knobs import EnvError, env_int
+from xlasim.runtime.knobs import EnvError, check_runtime_knobs, env_int
 
 _SURFACE_PARENT = os.path.dirname(os.path.abspath(__file__))
 _lock = threading.RLock()
@@ -67,7 +67,9 @@ class _LazyFinder(importlib.abc.MetaPathFinder):
             if self in sys.meta_path:
                 sys.meta_path.remove(self)
             if not _entries:
-                simulate(**self.config).__enter__()
+                process_wide = simulate(**self.config)
+                process_wide.thread = None  # the process's own slice: every thread uses it
+                process_wide.__enter__()
         return _FINDER.find_spec(fullname, path, target)
 
 
@@ -134,12 +136,17 @@ class simulate:  # noqa: N801 - used like a function: `with xlasim.simulate(...)
         tpu_host_env(self.spec, host_index)
         if not isinstance(spmd, bool):
             raise TypeError(f"spmd must be True or False, got {type(spmd).__name__} {spmd!r}")
+        # The simulator's own knobs, checked now so a typo fails here, not at first use.
+        check_runtime_knobs()
         self.host_index = host_index
         self.spmd = spmd
         self._runtimes: list[Any] = []
+        self.thread: threading.Thread | None = threading.current_thread()
+        """The thread whose code runs in the simulation (None: the whole process's)."""
 
     def __enter__(self) -> Any:
         with _lock:
+            _check_same_thread(self)
             if not _entries:
                 _swap_in(self.spec)
             runtime = _session().enter(self.spec, self.host_index, self.spmd)
@@ -149,6 +156,11 @@ class simulate:  # noqa: N801 - used like a function: `with xlasim.simulate(...)
 
     def __exit__(self, *exc: object) -> None:
         with _lock:
+            if not self._runtimes:
+                raise RuntimeError(
+                    f"xlasim.simulate({self.spec.topology!r}) was exited without being "
+                    f"entered (or exited twice); use it as `with xlasim.simulate(...):`"
+                )
             _session().leave(self._runtimes.pop())
             _entries.remove(self)
             if not _entries:
@@ -161,6 +173,22 @@ class simulate:  # noqa: N801 - used like a function: `with xlasim.simulate(...)
                 return func(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]
+
+
+def _check_same_thread(entry: simulate) -> None:
+    """A process has one torch_xla runtime: simulations nest within one thread, never overlap
+    from two (the inner one would swap the runtime under the other thread's code)."""
+    entry.thread = threading.current_thread() if entry.thread is not None else None
+    for held in _entries:
+        owner = held.thread
+        if owner is not None and owner is not entry.thread and owner.is_alive():
+            raise RuntimeError(
+                f"xlasim.simulate({entry.spec.topology!r}) entered in thread "
+                f"{threading.current_thread().name!r} while thread {owner.name!r} runs in "
+                f"xlasim.simulate({held.spec.topology!r}); a process has one torch_xla "
+                f"runtime, so simulations nest in one thread only: run the other one after "
+                f"it, or in a process of its own (`xlasim run --topology ... -- python ...`)"
+            )
 
 
 def is_active() -> bool:
@@ -199,6 +227,7 @@ def config_from_env(environ: Any = os.environ) -> dict[str, Any] | None:
             )
         return None
     host_index = env_int("XLASIM_HOST_INDEX", 0, minimum=0, environ=environ)
+    check_runtime_knobs(environ)
     try:
         spec = parse_slice(topology, accelerator or None)
     except ValueError as exc:

@@ -18,6 +18,7 @@ from tpu_backend.topology import (
     tpu_host_env,
 )
 from xlasim.arguments import OneLineErrorParser, fail, reject_dash_topologies
+from xlasim.runtime.knobs import check_runtime_knobs
 
 
 def _pth_installed() -> bool:
@@ -45,6 +46,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         fail("xlasim run", "no command given; usage: xlasim run --topology T -- CMD ...")
     env = dict(os.environ)
     env.update(simulation_env(args.topology, args.accelerator, args.host_index))
+    check_runtime_knobs(env)  # a bad knob fails here, not in the child at its first use
     if not _pth_installed():
         fail(
             "xlasim run",

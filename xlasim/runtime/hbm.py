@@ -26,12 +26,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from tpu_backend.topology import SliceSpec
-from xlasim.runtime.knobs import env_bool
+from xlasim.runtime.knobs import ENFORCE_HBM_ENV, env_bool
 from xlasim.sharding.device_layout import device_attributes
 from xlasim.sharding.op_sharding import ProtoType
 from xlasim.sharding.tensor_sharding import TensorSharding
 
-ENFORCE_ENV = "XLASIM_ENFORCE_HBM"
+ENFORCE_ENV = ENFORCE_HBM_ENV
 
 Devices = tuple[int, ...] | None
 """Which devices hold a buffer: None for every device of the slice."""

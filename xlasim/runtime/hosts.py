@@ -20,20 +20,28 @@ import os
 import torch
 import torch.distributed as dist
 
+from xlasim.runtime.knobs import HOSTS_TIMEOUT_ENV, env_float
 from xlasim.runtime.state import HostLink, SimRuntime
 
 ADDR_ENV = "XLASIM_HOSTS_ADDR"
-TIMEOUT_ENV = "XLASIM_HOSTS_TIMEOUT_S"
+TIMEOUT_ENV = HOSTS_TIMEOUT_ENV
 _DEFAULT_TIMEOUT_S = 300.0
 
 
 def _parse_addr(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit():
+    valid_port = port.isascii() and port.isdigit() and 0 < int(port) < 2**16
+    if not sep or not host or not valid_port:
         raise ValueError(
-            f"{ADDR_ENV}={text!r} is not valid: expected 'host:port', e.g. '127.0.0.1:29555'"
+            f"{ADDR_ENV}={text!r} is not valid: expected 'host:port' with a port in 1..65535, "
+            f"e.g. '127.0.0.1:29555'"
         )
     return host, int(port)
+
+
+def hosts_timeout_s() -> float:
+    """The bound on joining and on every exchange between hosts (``XLASIM_HOSTS_TIMEOUT_S``)."""
+    return env_float(TIMEOUT_ENV, _DEFAULT_TIMEOUT_S)
 
 
 def host_link(rt: SimRuntime) -> HostLink | None:
@@ -51,7 +59,7 @@ def host_link(rt: SimRuntime) -> HostLink | None:
             f"per host with {ADDR_ENV}='host:port' (the same address for all, host 0 listens)"
         )
     host, port = _parse_addr(addr)
-    timeout = datetime.timedelta(seconds=float(os.environ.get(TIMEOUT_ENV, _DEFAULT_TIMEOUT_S)))
+    timeout = datetime.timedelta(seconds=hosts_timeout_s())
     store = dist.TCPStore(
         host, port, num_hosts, is_master=rt.host_index == 0, timeout=timeout, wait_for_workers=True
     )

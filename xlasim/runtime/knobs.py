@@ -13,10 +13,25 @@ import math
 import os
 from collections.abc import Mapping
 
-__all__ = ["EnvError", "env_bool", "env_float", "env_int", "TRUE_WORDS", "FALSE_WORDS"]
+__all__ = [
+    "ENFORCE_HBM_ENV",
+    "HOSTS_TIMEOUT_ENV",
+    "EnvError",
+    "check_runtime_knobs",
+    "env_bool",
+    "env_float",
+    "env_int",
+    "TRUE_WORDS",
+    "FALSE_WORDS",
+]
 
 TRUE_WORDS = ("1", "true", "yes", "on")
 FALSE_WORDS = ("0", "false", "no", "off")
+
+
+# Read by the runtime (hbm, hosts) at first use, checked by simulate() at entry.
+ENFORCE_HBM_ENV = "XLASIM_ENFORCE_HBM"
+HOSTS_TIMEOUT_ENV = "XLASIM_HOSTS_TIMEOUT_S"
 
 
 class EnvError(ValueError):
@@ -82,3 +97,9 @@ def env_float(
         kind = "a finite number > 0" if positive else "a finite number"
         raise EnvError(f"{name}={raw!r} is not valid: expected {kind}")
     return value
+
+
+def check_runtime_knobs(environ: Mapping[str, str] | None = None) -> None:
+    """Fails now on a bad value of a knob the runtime reads later, at first use."""
+    env_bool(ENFORCE_HBM_ENV, environ=environ)
+    env_float(HOSTS_TIMEOUT_ENV, 1.0, environ=environ)

@@ -229,6 +229,15 @@ def resolve_axis_names(mesh: Mesh, partition_spec: tuple[Any, ...]) -> tuple[Any
         if entry is None or kind is int:
             return entry
         if kind is str:
+            if mesh.axis_names is None:
+                # torch_xla looks the name up in the mesh's names, which are None here.
+                raise TypeError(
+                    with_hint(
+                        "argument of type 'NoneType' is not iterable",
+                        f"the partition spec names axis {entry!r} but {_axes_text(mesh)}; "
+                        f"give the Mesh axis_names or use axis indices",
+                    )
+                )
             index = mesh.get_axis_name_idx(entry)
             if index is None:
                 raise ValueError(
