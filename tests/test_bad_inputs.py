@@ -608,198 +608,170 @@ def _cfg(**kw: Any) -> Callable[[], Any]:
 
 
 _SECONDS = "expected a finite number of seconds > 0"
+_INTS = "tuple of positive ints"
 
-RAY_CONFIG = [
-    Bad("backend nccl", _cfg(backend="nccl"), ValueError, ("backend 'nccl'", "'gloo'")),
-    Bad(
-        "backend xla under SPMD",
-        _cfg(backend="xla"),
-        ValueError,
-        ("backend 'xla'", "XLA backend is not supported with SPMD", "spmd=False"),
-    ),
-    Bad(
-        "backend gloo without SPMD",
-        _cfg(backend="gloo", spmd=False),
-        ValueError,
-        ("backend 'gloo'", "'xla'"),
-    ),
-    Bad(
-        "init_method unknown",
-        _cfg(init_method="foo"),
-        ValueError,
-        ("init_method 'foo'", "'env', 'tcp'"),
-    ),
-    Bad(
-        "init_method env without SPMD",
-        _cfg(init_method="env", spmd=False),
-        ValueError,
-        ("init_method 'env'", "'xla'"),
-    ),
-    Bad("spmd a str", _cfg(spmd="yes"), ValueError, ("spmd 'yes'", "True or False")),
-    Bad("spmd an int", _cfg(spmd=1), ValueError, ("spmd 1", "True or False")),
-    Bad("topology malformed", _cfg(topology="2x"), ValueError, ("'2x'", _TOPOLOGY_FORMS)),
-    Bad("accelerator unknown", _cfg(accelerator="v9"), ValueError, ("'v9'", _GENERATIONS)),
-    Bad(
-        "topology against accelerator",
-        _cfg(topology="2x2x2", accelerator="v6e"),
-        ValueError,
-        ("'2x2x2'", "v6e slices are 2-D"),
-    ),
-    Bad(
-        "mesh_shape with a zero",
-        _cfg(mesh_shape=(0, 2)),
-        ValueError,
-        ("mesh_shape (0, 2)", "tuple of positive ints"),
-    ),
-    Bad(
-        "mesh_shape of str",
-        _cfg(mesh_shape=("a",)),
-        ValueError,
-        ("mesh_shape ('a',)", "tuple of positive ints"),
-    ),
-    Bad(
-        "mesh_shape an int",
-        _cfg(mesh_shape=2),
-        ValueError,
-        ("mesh_shape 2", "tuple of positive ints"),
-    ),
-    Bad(
-        "mesh_shape a str",
-        _cfg(mesh_shape="2x2"),
-        ValueError,
-        ("mesh_shape '2x2'", "tuple of positive ints"),
-    ),
-    Bad(
-        "mesh_shape of floats",
-        _cfg(mesh_shape=(2.0, 2)),
-        ValueError,
-        ("mesh_shape (2.0, 2)", "tuple of positive ints"),
-    ),
-    Bad(
-        "mesh_shape of bools",
-        _cfg(mesh_shape=(True, 2)),
-        ValueError,
-        ("mesh_shape (True, 2)", "tuple of positive ints"),
-    ),
-    Bad(
-        "axis_names too few",
-        _cfg(mesh_shape=(2, 2), axis_names=("a",)),
-        ValueError,
-        ("axis_names ('a',)", "one name per dimension"),
-    ),
-    Bad(
-        "axis_names repeated",
-        _cfg(mesh_shape=(2, 2), axis_names=("a", "a")),
-        ValueError,
-        ("axis_names ('a', 'a')", "must be unique"),
-    ),
-    Bad(
-        "axis_names a str",
-        _cfg(mesh_shape=(1, 2), axis_names="ab"),
-        ValueError,
-        ("axis_names 'ab'", "tuple of str"),
-    ),
-    Bad(
-        "axis_names of ints",
-        _cfg(mesh_shape=(1, 2), axis_names=(1, 2)),
-        ValueError,
-        ("axis_names (1, 2)", "tuple of non-empty str"),
-    ),
-    Bad(
-        "mesh without SPMD",
-        _cfg(spmd=False, mesh_shape=(2,)),
-        ValueError,
-        ("mesh_shape need(s) SPMD", "set spmd=True or drop mesh_shape"),
-    ),
-    Bad(
-        "xla_spmd_config unknown key",
-        _cfg(xla_spmd_config={"foo": 1}),
-        ValueError,
-        ("'foo'", "mesh_shape, data_parallel_size, model_parallel_size, partitioning_mode"),
-    ),
-    Bad(
-        "xla_spmd_config bad mode",
-        _cfg(xla_spmd_config={"partitioning_mode": "semi"}),
-        ValueError,
-        ("'semi'", "'manual', 'auto'"),
-    ),
-    Bad(
-        "xla_spmd_config not a dict",
-        _cfg(xla_spmd_config="x"),
-        ValueError,
-        ("xla_spmd_config 'x'", "a dict with keys"),
-    ),
-    Bad(
-        "xla_spmd_config zero data parallel",
-        _cfg(xla_spmd_config={"data_parallel_size": 0}),
-        ValueError,
-        ("data_parallel_size'] 0", "positive int"),
-    ),
-    Bad(
-        "xla_spmd_config mesh against data parallel",
-        _cfg(xla_spmd_config={"mesh_shape": (2, 4), "data_parallel_size": 4}),
-        ValueError,
-        ("(2, 4)", "data_parallel_size=4", "(data_parallel_size, model_parallel_size)"),
-    ),
-    Bad(
-        "auto partitioning with a mesh",
-        _cfg(mesh_shape=(2, 2), xla_spmd_config={"partitioning_mode": "auto"}),
-        ValueError,
-        ("partitioning_mode 'auto'", "drop one"),
-    ),
-    Bad(
-        "cache readonly a str",
-        _cfg(compilation_cache_readonly="yes"),
-        ValueError,
-        ("compilation_cache_readonly 'yes'", "True, False, 'followers', 'auto'"),
-    ),
-    Bad(
-        "cache readonly an int",
-        _cfg(compilation_cache_readonly=1),
-        ValueError,
-        ("compilation_cache_readonly 1", "True, False, 'followers', 'auto'"),
-    ),
-    Bad(
-        "TPUTorchConfig cache dir empty",
-        _cfg(compilation_cache_dir=""),
-        ValueError,
-        ("compilation_cache_dir ''", "directory path"),
-    ),
-    Bad(
-        "TPUTorchConfig cache dir an int",
-        _cfg(compilation_cache_dir=5),
-        ValueError,
-        ("compilation_cache_dir 5", "directory path"),
-    ),
-    Bad(
-        "TPUTorchConfig cache dir is a file",
-        _cfg(compilation_cache_dir=__file__),
-        ValueError,
-        (repr(__file__), "is a file, not a directory"),
-    ),
-    Bad(
-        "pjrt_device GPU",
-        _cfg(pjrt_device="GPU"),
-        ValueError,
-        ("pjrt_device 'GPU'", "'TPU', 'CPU' or None"),
-    ),
-    Bad(
-        "pjrt_device lower case",
-        _cfg(pjrt_device="tpu"),
-        ValueError,
-        ("pjrt_device 'tpu'", "'TPU', 'CPU' or None"),
-    ),
-] + [
-    Bad(
-        f"{name}={value!r}",
-        lambda name=name, value=value: TPUTorchConfig(**{name: value}),
-        ValueError,
-        (f"{name} {value!r}", _SECONDS),
-    )
-    for name in ("timeout_s", "bootstrap_timeout_s", "shutdown_timeout_s")
-    # inf and nan would be bounds that never trip: a hang instead of an error.
-    for value in (0, -1, True, "10", math.inf, math.nan)
-]
+RAY_CONFIG = (
+    [
+        Bad("backend nccl", _cfg(backend="nccl"), ValueError, ("backend 'nccl'", "'gloo'")),
+        Bad(
+            "backend xla under SPMD",
+            _cfg(backend="xla"),
+            ValueError,
+            ("backend 'xla'", "XLA backend is not supported with SPMD", "spmd=False"),
+        ),
+        Bad(
+            "backend gloo without SPMD",
+            _cfg(backend="gloo", spmd=False),
+            ValueError,
+            ("backend 'gloo'", "'xla'"),
+        ),
+        Bad(
+            "init_method unknown",
+            _cfg(init_method="foo"),
+            ValueError,
+            ("init_method 'foo'", "'env', 'tcp'"),
+        ),
+        Bad(
+            "init_method env without SPMD",
+            _cfg(init_method="env", spmd=False),
+            ValueError,
+            ("init_method 'env'", "'xla'"),
+        ),
+        Bad("spmd a str", _cfg(spmd="yes"), ValueError, ("spmd 'yes'", "True or False")),
+        Bad("spmd an int", _cfg(spmd=1), ValueError, ("spmd 1", "True or False")),
+        Bad("topology malformed", _cfg(topology="2x"), ValueError, ("'2x'", _TOPOLOGY_FORMS)),
+        Bad("accelerator unknown", _cfg(accelerator="v9"), ValueError, ("'v9'", _GENERATIONS)),
+        Bad(
+            "topology against accelerator",
+            _cfg(topology="2x2x2", accelerator="v6e"),
+            ValueError,
+            ("'2x2x2'", "v6e slices are 2-D"),
+        ),
+        Bad(
+            "axis_names too few",
+            _cfg(mesh_shape=(2, 2), axis_names=("a",)),
+            ValueError,
+            ("axis_names ('a',)", "one name per dimension"),
+        ),
+        Bad(
+            "axis_names repeated",
+            _cfg(mesh_shape=(2, 2), axis_names=("a", "a")),
+            ValueError,
+            ("axis_names ('a', 'a')", "must be unique"),
+        ),
+        Bad(
+            "axis_names a str",
+            _cfg(mesh_shape=(1, 2), axis_names="ab"),
+            ValueError,
+            ("axis_names 'ab'", "tuple of str"),
+        ),
+        Bad(
+            "axis_names of ints",
+            _cfg(mesh_shape=(1, 2), axis_names=(1, 2)),
+            ValueError,
+            ("axis_names (1, 2)", "tuple of non-empty str"),
+        ),
+        Bad(
+            "mesh without SPMD",
+            _cfg(spmd=False, mesh_shape=(2,)),
+            ValueError,
+            ("mesh_shape need(s) SPMD", "set spmd=True or drop mesh_shape"),
+        ),
+        Bad(
+            "xla_spmd_config unknown key",
+            _cfg(xla_spmd_config={"foo": 1}),
+            ValueError,
+            ("'foo'", "mesh_shape, data_parallel_size, model_parallel_size, partitioning_mode"),
+        ),
+        Bad(
+            "xla_spmd_config bad mode",
+            _cfg(xla_spmd_config={"partitioning_mode": "semi"}),
+            ValueError,
+            ("'semi'", "'manual', 'auto'"),
+        ),
+        Bad(
+            "xla_spmd_config not a dict",
+            _cfg(xla_spmd_config="x"),
+            ValueError,
+            ("xla_spmd_config 'x'", "a dict with keys"),
+        ),
+        Bad(
+            "xla_spmd_config zero data parallel",
+            _cfg(xla_spmd_config={"data_parallel_size": 0}),
+            ValueError,
+            ("data_parallel_size'] 0", "positive int"),
+        ),
+        Bad(
+            "xla_spmd_config mesh against data parallel",
+            _cfg(xla_spmd_config={"mesh_shape": (2, 4), "data_parallel_size": 4}),
+            ValueError,
+            ("(2, 4)", "data_parallel_size=4", "(data_parallel_size, model_parallel_size)"),
+        ),
+        Bad(
+            "auto partitioning with a mesh",
+            _cfg(mesh_shape=(2, 2), xla_spmd_config={"partitioning_mode": "auto"}),
+            ValueError,
+            ("partitioning_mode 'auto'", "drop one"),
+        ),
+        Bad(
+            "cache readonly a str",
+            _cfg(compilation_cache_readonly="yes"),
+            ValueError,
+            ("compilation_cache_readonly 'yes'", "True, False, 'followers', 'auto'"),
+        ),
+        Bad(
+            "cache readonly an int",
+            _cfg(compilation_cache_readonly=1),
+            ValueError,
+            ("compilation_cache_readonly 1", "True, False, 'followers', 'auto'"),
+        ),
+        Bad(
+            "TPUTorchConfig cache dir empty",
+            _cfg(compilation_cache_dir=""),
+            ValueError,
+            ("compilation_cache_dir ''", "directory path"),
+        ),
+        Bad(
+            "TPUTorchConfig cache dir an int",
+            _cfg(compilation_cache_dir=5),
+            ValueError,
+            ("compilation_cache_dir 5", "directory path"),
+        ),
+        Bad(
+            "TPUTorchConfig cache dir is a file",
+            _cfg(compilation_cache_dir=__file__),
+            ValueError,
+            (repr(__file__), "is a file, not a directory"),
+        ),
+        Bad(
+            "pjrt_device GPU",
+            _cfg(pjrt_device="GPU"),
+            ValueError,
+            ("pjrt_device 'GPU'", "'TPU', 'CPU' or None"),
+        ),
+        Bad(
+            "pjrt_device lower case",
+            _cfg(pjrt_device="tpu"),
+            ValueError,
+            ("pjrt_device 'tpu'", "'TPU', 'CPU' or None"),
+        ),
+    ]
+    + [
+        Bad(f"mesh_shape {m!r}", _cfg(mesh_shape=m), ValueError, (f"mesh_shape {m!r}", _INTS))
+        for m in [(0, 2), ("a",), 2, "2x2", (2.0, 2), (True, 2)]
+    ]
+    + [
+        Bad(
+            f"{name}={value!r}",
+            lambda name=name, value=value: TPUTorchConfig(**{name: value}),
+            ValueError,
+            (f"{name} {value!r}", _SECONDS),
+        )
+        for name in ("timeout_s", "bootstrap_timeout_s", "shutdown_timeout_s")
+        # inf and nan would be bounds that never trip: a hang instead of an error.
+        for value in (0, -1, True, "10", math.inf, math.nan)
+    ]
+)
 
 
 def _scaling(**kw: Any) -> Any:

@@ -51,7 +51,15 @@ class BatchSharding:
             # Deferred: made on XLA only, where torch_xla is already imported.
             import torch_xla.distributed.spmd as xs
 
-            spec = xs.ShardingSpec(self.mesh, (self.axis,) + (None,) * (rank - 1), self.minibatch)
+            mesh = self.mesh
+            if rank == 1 and len(mesh.mesh_shape) > 1:
+                # torch_xla 2.9 takes a spec with no None entry as fully tiled over the whole
+                # mesh, so ('data',) on a 2-D mesh fails in the transfer (IndexError).  The
+                # same devices in the same order as one axis shard the batch dim instead: a
+                # row-major flatten keeps the data axis major, so the global order holds.
+                names = (self.axis,) if isinstance(self.axis, str) else None
+                mesh = xs.Mesh(mesh.device_ids, (len(mesh.device_ids),), names)
+            spec = xs.ShardingSpec(mesh, (self.axis,) + (None,) * (rank - 1), self.minibatch)
             self._specs[rank] = spec
         return spec
 
