@@ -26,6 +26,8 @@ _SURFACE_PARENT = os.path.dirname(os.path.abspath(__file__))
 _lock = threading.RLock()
 
 F = TypeVar("F", bound=Callable[..., Any])
+# "1": one process stands for every host of a multi-host slice (see simulate(single_process=)).
+SINGLE_PROCESS_ENV = "XLASIM_SINGLE_PROCESS"
 
 
 def _is_torch_xla(name: str) -> bool:
@@ -117,11 +119,17 @@ class simulate:  # noqa: N801 - used like a function: `with xlasim.simulate(...)
     (metrics, compiled graphs, SPMD mode, global mesh) and nested entries stack: an inner
     entry is like a separate process, and tensors cannot cross between entries.
 
+    On a multi-host slice this process is host ``host_index``, and data entering the devices
+    from the other hosts comes from their processes (``xlasim run`` starts them).  With
+    ``single_process=True`` this process stands for them all instead: every other host enters
+    the same data into its devices as this one does (docs/multi-host.md).
+
     Args:
         topology: the chip grid, e.g. ``'2x2'`` or ``'2x2x2'``.
         accelerator: the TPU generation (default ``'v6e'``, which takes 2-D topologies).
         host_index: which host of the slice this process is.
         spmd: start in SPMD mode, as if the program had called ``xr.use_spmd()`` first.
+        single_process: this process stands for every host of the slice.
     """
 
     def __init__(
@@ -130,16 +138,19 @@ class simulate:  # noqa: N801 - used like a function: `with xlasim.simulate(...)
         accelerator: str | None = None,
         host_index: int = 0,
         spmd: bool = False,
+        single_process: bool = False,
     ) -> None:
         self.spec = parse_slice(topology, accelerator)
         # Validates the host index now, before anything (torch included) is loaded.
         tpu_host_env(self.spec, host_index)
-        if not isinstance(spmd, bool):
-            raise TypeError(f"spmd must be True or False, got {type(spmd).__name__} {spmd!r}")
+        for name, flag in (("spmd", spmd), ("single_process", single_process)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be True or False, got {type(flag).__name__} {flag!r}")
         # The simulator's own knobs, checked now so a typo fails here, not at first use.
         check_runtime_knobs()
         self.host_index = host_index
         self.spmd = spmd
+        self.single_process = single_process
         self._runtimes: list[Any] = []
         self.thread: threading.Thread | None = threading.current_thread()
         """The thread whose code runs in the simulation (None: the whole process's)."""
@@ -149,7 +160,7 @@ class simulate:  # noqa: N801 - used like a function: `with xlasim.simulate(...)
             _check_same_thread(self)
             if not _entries:
                 _swap_in(self.spec)
-            runtime = _session().enter(self.spec, self.host_index, self.spmd)
+            runtime = _session().enter(self.spec, self.host_index, self.spmd, self.single_process)
             _entries.append(self)
             self._runtimes.append(runtime)
         return runtime
@@ -237,4 +248,12 @@ def config_from_env(environ: Any = os.environ) -> dict[str, Any] | None:
         tpu_host_env(spec, host_index)
     except ValueError as exc:
         raise EnvError(f"XLASIM_HOST_INDEX={host!r}: {exc}") from None
-    return {"topology": topology, "accelerator": accelerator or None, "host_index": host_index}
+    single = (environ.get(SINGLE_PROCESS_ENV) or "0").strip()
+    if single not in ("0", "1"):
+        raise EnvError(f"{SINGLE_PROCESS_ENV}={single!r} is not valid: expected 0 or 1")
+    return {
+        "topology": topology,
+        "accelerator": accelerator or None,
+        "host_index": host_index,
+        "single_process": single == "1",
+    }

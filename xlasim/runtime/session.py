@@ -85,14 +85,16 @@ def _release_graph_tasks_at_exit(spec: SliceSpec, pid: int) -> None:
         )
 
 
-def enter(spec: SliceSpec, host_index: int, spmd: bool = False) -> state.SimRuntime:
+def enter(
+    spec: SliceSpec, host_index: int, spmd: bool = False, single_process: bool = False
+) -> state.SimRuntime:
     """Makes a fresh runtime for host ``host_index`` the active one.
 
     A nested runtime is a process of its own: it starts from the torch_xla variables the
     process had before the outermost simulation (not with the SPMD mode or cache the outer
     program set); leaving it puts the outer one's back.
     """
-    runtime = state.SimRuntime(spec, host_index)
+    runtime = state.SimRuntime(spec, host_index, single_process=single_process)
     runtime.save_env()
     outer = state.outermost()
     if outer is not None:
