@@ -46,7 +46,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         fail("xlasim run", "no command given; usage: xlasim run --topology T -- CMD ...")
     spec = parse_slice(args.topology, args.accelerator)
     if args.single_process and args.host_index is not None:
-        fail("xlasim run", "--single-process and --host-index exclude each other; give one")
+        fail("xlasim run", "--single-process and --host-index exclude each other")
     # By default the whole slice: one process per host, as `--worker=all` starts on a TPU pod.
     if args.host_index is not None:
         indexes = [args.host_index]
