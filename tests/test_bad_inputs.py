@@ -175,6 +175,12 @@ HOST_INDEXES = (
             TypeError,
             ("spmd must be True or False", "'yes'"),
         ),
+        Bad(
+            "simulate() single_process not a bool",
+            lambda: xlasim.simulate("4x4", "v5e", single_process=1),
+            TypeError,
+            ("single_process must be True or False", "int 1"),
+        ),
     ]
 )
 
@@ -187,6 +193,12 @@ def _env(**variables: str) -> Callable[[], Any]:
 _ON_OFF = "use one of 1, true, yes, on (on) or 0, false, no, off (off)"
 
 ENV_KNOBS = [
+    Bad(
+        "XLASIM_SINGLE_PROCESS not 0 or 1",
+        _env(XLASIM_TOPOLOGY="4x4", XLASIM_ACCELERATOR="v5e", XLASIM_SINGLE_PROCESS="yes"),
+        EnvError,
+        ("XLASIM_SINGLE_PROCESS='yes'", "expected 0 or 1"),
+    ),
     Bad(
         "XLASIM_TOPOLOGY malformed",
         _env(XLASIM_TOPOLOGY="2x"),
@@ -833,6 +845,10 @@ TRAINER_ARGS = [
 
 # -- the command line (in-process: argv in, one line on stderr, exit status 2) ---------------
 CLI = [
+    (
+        ["run", "--topology", "4x4", "--single-process", "--host-index", "1", "--", "true"],
+        ("--single-process and --host-index exclude each other",),
+    ),
     (["run", "--topology", "2x", "--", "true"], ("xlasim run:", "'2x'", _TOPOLOGY_FORMS)),
     (["run", "--topology", "-1x2", "--", "true"], ("'-1x2'", _TOPOLOGY_FORMS)),
     (["run", "--topology", "2x2", "--accelerator", "v9", "--", "true"], ("'v9'", _GENERATIONS)),
