@@ -255,8 +255,11 @@ def test_a_bad_hosts_timeout_is_named():
         ],
         env=env, capture_output=True, text=True, timeout=WAIT_S,
     )  # fmt: skip
-    assert out.returncode == 1
-    assert "XLASIM_HOSTS_TIMEOUT_S='soon' is not valid: expected seconds > 0" in out.stderr
+    # Refused by the launcher itself, before any host process starts: one line, status 2.
+    assert out.returncode == 2
+    assert out.stderr == (
+        "xlasim run: XLASIM_HOSTS_TIMEOUT_S='soon' is not valid: expected a finite number > 0\n"
+    )
 
 
 def test_single_process_stands_for_every_host():
