@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import threading
+import time
 import zlib
 from collections.abc import Callable, Iterable
 
@@ -78,6 +80,14 @@ def ensure_device_guard() -> None:
             stale = os.path.join(build_dir, "lock")
             if os.path.exists(stale):
                 os.remove(stale)
+            # A first use compiles for tens of seconds: say so, since nothing else would.
+            building = not os.path.exists(os.path.join(build_dir, f"{name}.so"))
+            if building:
+                _note(
+                    f"building the simulator's C++ device extension for torch "
+                    f"{torch.__version__} (first use only; tens of seconds)..."
+                )
+            start = time.monotonic()
             try:
                 cpp_extension.load_inline(
                     name=name,
@@ -90,7 +100,17 @@ def ensure_device_guard() -> None:
                     "xlasim could not build its XLA device-guard extension (it needs a C++ "
                     "compiler such as g++ and the `ninja` package): " + str(exc)
                 ) from exc
+            if building:
+                _note(
+                    f"built in {time.monotonic() - start:.0f} s; cached in {build_dir} "
+                    "(TORCH_EXTENSIONS_DIR moves it), so later runs skip this"
+                )
         _guard_ready = True
+
+
+def _note(line: str) -> None:
+    # stderr, one line: a program's own stdout stays exactly what it prints.
+    print(f"xlasim: {line}", file=sys.stderr, flush=True)
 
 
 def set_wrapper_meta(wrapper: torch.Tensor, like: torch.Tensor) -> None:
