@@ -3,7 +3,8 @@
 Stock torch knows the XLA device type and dispatch key but ships no device guard and no kernels
 for it. Autograd needs a guard for every device a tensor lives on, and nothing exposes one to
 Python on every torch version we support, so we JIT-build a one-line C++ extension that registers
-c10's ``FakeGuardImpl`` for XLA (built once per torch version, then cached by torch). Factory
+c10's ``FakeGuardImpl`` for XLA (built once per torch version, then cached by torch). The same
+extension carries torch_xla's autocast policy (:mod:`xlasim.runtime.autocast`). Factory
 kernels for the XLA key are registered from Python while a simulation is active, so that
 ``torch.empty(..., device='xla')`` and ``cpu_tensor.to('xla')`` produce simulated tensors.
 """
@@ -21,6 +22,8 @@ from collections.abc import Callable, Iterable
 import torch
 from torch.autograd.variable import Variable
 from torch.utils._mode_utils import no_dispatch
+
+from xlasim.runtime import autocast
 
 # Besides the guard, one op: resizing a wrapper tensor's own metadata, which out= ops and
 # in-place view ops (arange(out=), t_()) change on the wrapped CPU tensor.
@@ -41,6 +44,12 @@ TORCH_LIBRARY(xlasim, m) {
 TORCH_LIBRARY_IMPL(xlasim, CompositeImplicitAutograd, m) { m.impl("set_meta", set_meta); }
 """
 
+
+def _source() -> str:
+    # The autocast kernels depend on the installed torch's ops, so the source is made per process.
+    return _GUARD_SOURCE + autocast.cpp_source()
+
+
 # In the engine's error for a device index no queue (and no device thread) serves; a process
 # whose first backward pass ran before the XLA guard existed gets it for every xla index.
 _NO_DEVICE_QUEUE = "device_ready_queues_"
@@ -49,10 +58,10 @@ _lock = threading.Lock()
 _guard_ready = False
 
 
-def _extension_name() -> str:
+def _extension_name(source: str) -> str:
     # Keyed by torch version, torch install and source: the build files name the install's
     # paths, and processes running different sources must not rebuild over each other.
-    digest = zlib.crc32((_GUARD_SOURCE + os.path.dirname(torch.__file__)).encode())
+    digest = zlib.crc32((source + os.path.dirname(torch.__file__)).encode())
     version = re.sub(r"\W", "_", torch.__version__)
     return f"xlasim_xla_{version}_{digest:08x}"
 
@@ -71,7 +80,8 @@ def ensure_device_guard() -> None:
         from torch.utils import cpp_extension
 
         # Built under torch's extension cache (TORCH_EXTENSIONS_DIR to move it).
-        name = _extension_name()
+        source = _source()
+        name = _extension_name(source)
         build_dir = cpp_extension._get_build_directory(name, verbose=False)
         # torch's own build lock is a plain file that outlives a process killed mid-build and
         # then blocks every later one; an OS lock dies with its holder, so while we hold it any
@@ -91,7 +101,7 @@ def ensure_device_guard() -> None:
             try:
                 cpp_extension.load_inline(
                     name=name,
-                    cpp_sources=[_GUARD_SOURCE],
+                    cpp_sources=[source],
                     is_python_module=False,
                     verbose=False,
                 )

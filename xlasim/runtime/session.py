@@ -1,9 +1,9 @@
 """Entering and leaving a simulated runtime: the torch side of ``xlasim.simulate()``.
 
 The outermost simulation of a process attaches the simulated ``xla`` device to torch (device
-guard, factory kernels) and checks that autograd can still use it; when the last one is left
-the factory kernels are removed again, so a process that loads the real torch_xla later finds
-stock torch.  Every entry runs on a fresh :class:`SimRuntime`.
+guard, factory kernels, the autocast policy) and checks that autograd can still use it; when the
+last one is left the kernels are removed again, so a process that loads the real torch_xla later
+finds stock torch.  Every entry runs on a fresh :class:`SimRuntime`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import torch
 
 from tpu_backend.topology import SliceSpec
-from xlasim.runtime import state
+from xlasim.runtime import autocast, state
 from xlasim.runtime.device import check_autograd_engine, ensure_device_guard, release_graph_tasks
 from xlasim.runtime.tensor import FACTORY_KERNELS, device_indices, wrap_data, xla_device
 
@@ -28,6 +28,8 @@ def attach_device(spec: SliceSpec) -> None:
     """Routes ``xla`` tensors to the simulator (outermost entry); see :func:`detach_device`."""
     ensure_device_guard()
     FACTORY_KERNELS.register()
+    # torch_xla registers its autocast policy when it is loaded; a simulation does on entry.
+    autocast.install()
     try:
         _check_autograd(spec)
     except BaseException:
@@ -37,6 +39,7 @@ def attach_device(spec: SliceSpec) -> None:
 
 def detach_device() -> None:
     FACTORY_KERNELS.unregister()
+    autocast.uninstall()
 
 
 @contextlib.contextmanager
