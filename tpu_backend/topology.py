@@ -210,14 +210,24 @@ def _chips_per_host(gen: Generation, dims: tuple[int, ...], topology: str) -> in
     return _CHIPS_PER_HOST
 
 
-def _shapes(*dims_sets: Sequence[Sequence[int]]) -> set[tuple[int, ...]]:
+def _shapes(*dims_sets: Sequence[int]) -> set[tuple[int, ...]]:
     """Every shape whose i-th dimension is taken from ``dims_sets[i]``."""
     return set(itertools.product(*dims_sets))
 
 
-_SMALL_3D = {(2, 2, 1), (2, 2, 2), (2, 2, 4), (2, 4, 4)}
-_V5E_V6E = {(1, 1), (2, 2), (2, 4), (2, 8), (4, 4), (4, 8), (8, 8), (8, 16), (16, 16)}
-_V2 = {(2, 2), (4, 4), (4, 8), (8, 8), (8, 16), (16, 16)}
+_SMALL_3D: set[tuple[int, ...]] = {(2, 2, 1), (2, 2, 2), (2, 2, 4), (2, 4, 4)}
+_V5E_V6E: set[tuple[int, ...]] = {
+    (1, 1),
+    (2, 2),
+    (2, 4),
+    (2, 8),
+    (4, 4),
+    (4, 8),
+    (8, 8),
+    (8, 16),
+    (16, 16),
+}
+_V2: set[tuple[int, ...]] = {(2, 2), (4, 4), (4, 8), (8, 8), (8, 16), (16, 16)}
 _STANDARD_SHAPES: dict[str, set[tuple[int, ...]]] = {
     "v2": _V2,
     "v3": _V2 | {(16, 32), (32, 32)},
