@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import copy
 import logging
 import os
 import socket
@@ -45,6 +46,7 @@ __all__ = [
     "DEFAULT_OBJECT_STORE_BYTES",
     "SIMULATION_RUNTIME_ENV",
     "fit_with_deadline",
+    "job_worker_setup",
     "machine_load",
     "release_placement_groups",
     "error_chain_text",
@@ -58,7 +60,8 @@ SIMULATION_RUNTIME_ENV: dict[str, Any] = {
         "XLASIM_ACCELERATOR": "${XLASIM_NODE_ACCELERATOR}",
         "XLASIM_HOST_INDEX": "${XLASIM_NODE_HOST_INDEX}",
         "XLASIM_HOSTS_ADDR": "${XLASIM_NODE_HOSTS_ADDR}",
-    }
+    },
+    "worker_process_setup_hook": "xlasim.ray_cluster.job_worker_setup",
 }
 """Job runtime_env that activates the simulator in every worker process of the job.
 
@@ -67,10 +70,32 @@ worker gets its own node's host index.  The activation variables are not set on 
 node itself because every Python process started with them imports torch at start-up
 (``xlasim.pth``), Ray's per-node agents included, and a raylet whose agent is not up
 within Ray's hard-coded 30 s aborts; job workers are the only processes that need it.
-On a node without the ``XLASIM_NODE_*`` values (a plain head) they expand to ''."""
+On a node without the ``XLASIM_NODE_*`` values (a plain head) they expand to ''.
+Every worker of the job also runs :func:`job_worker_setup` first."""
 """Ray's floor is 75 MiB; tests move kilobytes."""
 
 _PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
+
+_CLEANER_LOGGER = "ray.train.v2._internal.execution.controller.placement_group_cleaner"
+
+
+def job_worker_setup() -> None:
+    """Runs first in every worker process of a job on a simulated cluster (Ray's
+    ``worker_process_setup_hook`` in :data:`SIMULATION_RUNTIME_ENV`).
+
+    Ray Train's ``PlacementGroupCleaner`` asks the state API whether the run's controller
+    is alive.  Without ``RAY_ADDRESS`` that API connects to the newest Ray cluster on the
+    machine, which on a shared machine may be someone else's (where our controller does
+    not exist, so it would remove our placement group); this points it at our own.  And
+    with no dashboard here its query always fails, and it warns about that every second:
+    those warnings are turned off (:func:`fit_with_deadline` does the cleaning instead).
+    """
+    import ray  # deferred: Ray is optional; this runs inside Ray workers only
+
+    gcs_address = ray.get_runtime_context().gcs_address
+    if gcs_address:
+        os.environ.setdefault("RAY_ADDRESS", gcs_address)
+    logging.getLogger(_CLEANER_LOGGER).setLevel(logging.ERROR)
 
 
 def host_node_args(
@@ -357,7 +382,8 @@ def _start_cluster(
             ray.init(
                 address=cluster.address,
                 log_to_driver=log_to_driver,
-                runtime_env=SIMULATION_RUNTIME_ENV if simulate else None,
+                # A copy: Ray writes the setup hook into the dict it is given.
+                runtime_env=copy.deepcopy(SIMULATION_RUNTIME_ENV) if simulate else None,
                 **init_args,
             )
         return SimulatedTPUCluster(
