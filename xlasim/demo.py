@@ -35,6 +35,7 @@ from xlasim.ray_cluster import (
     machine_load,
     simulated_tpu_cluster,
 )
+from xlasim.runtime.device import ensure_device_guard
 from xlasim.slice_table import slice_table
 
 __all__ = ["train_loop", "run", "main", "read_progress", "read_records"]
@@ -385,6 +386,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     console = Console()
     console.print(slice_table(spec))
 
+    # Build the simulator's C++ extension here, where its first-use note reaches the
+    # terminal: built in the workers, it took minutes with no line on screen; now they load
+    # the cached build.
+    ensure_device_guard()
     t0 = time.monotonic()
     console.print(f"starting a local Ray cluster with {spec.num_hosts} simulated TPU host(s)...")
     try:
