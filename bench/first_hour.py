@@ -8,7 +8,8 @@ names the limit; the later steps are skipped):
 3. ``xlasim demo --topology 2x2x2 --accelerator v4`` (the README's first command);
 4. the tests: ``--tests`` (default: the README's ``pip install tox && tox -e sim``);
 5. the user's own torch_xla program under ``xlasim run --topology 2x2x1 --accelerator v4``;
-6. a downstream package's own tests using the installed pytest plugin (``xla_target``).
+6. a downstream package's own tests using the installed pytest plugin (``xla_target``), after
+   ``pip install pytest`` (the README says so: pytest is not a dependency).
 
 Prints one line per step and a table of seconds at the end; ``--json FILE`` also writes them.
 Everything lives under ``--workdir`` (a new temporary directory by default, removed unless
@@ -165,7 +166,12 @@ def main(argv: list[str] | None = None) -> int:
             600,
             work,
         ),
-        Step("downstream_tests", [py, "-m", "pytest", "-q", "-rs", "tests"], 600, downstream),
+        Step(
+            "downstream_tests",
+            ["sh", "-c", f"{py} -m pip install pytest && {py} -m pytest -q -rs tests"],
+            600,
+            downstream,
+        ),
     ]
     failed = False
     try:
