@@ -12,6 +12,7 @@ names the limit; the later steps are skipped):
    ``pip install pytest`` (the README says so: pytest is not a dependency).
 
 Prints one line per step and a table of seconds at the end; ``--json FILE`` also writes them.
+pip's download cache is used as it is; the C++ extension cache starts empty.
 Everything lives under ``--workdir`` (a new temporary directory by default, removed unless
 ``--keep``).  Timings vary with machine load; compare them only with runs on the same machine.
 
@@ -133,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("XLASIM_", "PYTHON"))}
     env.pop("VIRTUAL_ENV", None)
     env.update(PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}", VIRTUAL_ENV=str(venv))
+    # An empty extension cache, as on a newcomer's machine: the first use builds it.
+    env["TORCH_EXTENSIONS_DIR"] = str(work / "torch_extensions")
     (work / "own_model.py").write_text(OWN_MODEL)
     downstream = work / "downstream"
     (downstream / "tests").mkdir(parents=True, exist_ok=True)
