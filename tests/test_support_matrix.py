@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+import torch
 
 import xlasim
 from xlasim import support_matrix as sm
@@ -88,19 +90,31 @@ def test_recorded_names_parse() -> None:
 def test_classes_match_behaviour() -> None:
     modules = {
         "torch_xla.core.xla_model": ["mark_step", "all_reduce", "no_such_name"],
+        "torch_xla.distributed.spmd": ["enable_manual_sharding"],
         "torch_xla.experimental.custom_kernel": ["flash_attention"],
     }
     with xlasim.simulate(topology="2x2"):
         entries = {(e.module, e.name): e.status for e in sm.classify(modules)}
         import torch_xla.core.xla_model as xm
+        import torch_xla.distributed.spmd as xs
+        import torch_xla.runtime as xr
 
         # all_reduce is `partly`: one replica works, more raise NotImplementedError.
         assert xm.all_reduce(xm.REDUCE_SUM, [1.0]) == [1.0]
+        # enable_manual_sharding has no raise of its own: the _XLAC binding it calls refuses.
+        xr.use_spmd()
+        t = torch.zeros(4, 4).to("xla")
+        mesh = xs.Mesh(np.arange(4), (4,), ("data",))
+        xs.mark_sharding(t, mesh, ("data", None))
+        with pytest.raises(NotImplementedError, match="manual sharding"):
+            xs.enable_manual_sharding(t, ("data", None), mesh=mesh)
     assert entries == {
         ("torch_xla.core.xla_model", None): sm.SIMULATED,
         ("torch_xla.core.xla_model", "mark_step"): sm.SIMULATED,
         ("torch_xla.core.xla_model", "all_reduce"): sm.PARTLY,
         ("torch_xla.core.xla_model", "no_such_name"): sm.ABSENT,
+        ("torch_xla.distributed.spmd", None): sm.SIMULATED,
+        ("torch_xla.distributed.spmd", "enable_manual_sharding"): sm.PARTLY,
         ("torch_xla.experimental.custom_kernel", None): sm.ABSENT,
     }
     with (

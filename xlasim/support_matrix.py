@@ -15,7 +15,8 @@ by hand:
 
 * **simulated** -- the module has it and nothing in it raises ``NotImplementedError``;
 * **partly** -- it exists but some argument or situation raises ``NotImplementedError``
-  (``raise NotImplementedError`` in its body, or in a method of the class);
+  (``raise NotImplementedError`` in its body or in a method of the class, or a call to a
+  simulator function that always raises it);
 * **raises NotImplementedError** -- a function with no ``return`` whose body always ends
   in ``raise NotImplementedError``;
 * **absent** -- the module or the attribute is missing (``ModuleNotFoundError`` /
@@ -53,6 +54,8 @@ NAMES_FILE = Path(__file__).with_name("torch_xla_2_9_public_names.txt")
 """Per public module of torch_xla 2.9: the names it offers, or why it does not import."""
 
 DOC_FILE = Path(__file__).resolve().parent.parent / "docs" / "support-matrix.md"
+
+_XLASIM_DIR = Path(__file__).resolve().parent
 
 SIMULATED = "simulated"
 PARTLY = "partly"
@@ -158,10 +161,45 @@ def _raises_not_implemented(stmt: ast.AST, helpers: Callable[[str], bool]) -> bo
     return False
 
 
-def _function_status(node: ast.AST, helpers: Callable[[str], bool]) -> str:
+def _resolve(expr: ast.expr, namespace: dict[str, Any]) -> Any:
+    """The object a call's target names (``f``, ``mod.f``, ``torch_xla._XLAC.f``), or None."""
+    parts = []
+    while isinstance(expr, ast.Attribute):
+        parts.append(expr.attr)
+        expr = expr.value
+    if not isinstance(expr, ast.Name) or expr.id not in namespace:
+        return None
+    value = namespace[expr.id]
+    for attr in reversed(parts):
+        value = getattr(value, attr, None)
+    return value
+
+
+def _simulator_function(value: Any) -> bool:
+    try:
+        path = inspect.getsourcefile(value) if inspect.isfunction(value) else None
+    except TypeError:
+        return False
+    return path is not None and Path(path).resolve().is_relative_to(_XLASIM_DIR)
+
+
+def _calls_refusing_function(node: ast.AST, namespace: dict[str, Any], seen: set[int]) -> bool:
+    """Whether ``node`` calls a simulator function that always raises NotImplementedError
+    (a surface function handing its work to an ``_XLAC`` binding that refuses it)."""
+    for call in ast.walk(node):
+        callee = _resolve(call.func, namespace) if isinstance(call, ast.Call) else None
+        fresh = _simulator_function(callee) and id(callee) not in seen
+        if fresh and _status(callee, seen) == NOT_IMPLEMENTED:
+            return True
+    return False
+
+
+def _function_status(
+    node: ast.AST, helpers: Callable[[str], bool], namespace: dict[str, Any], seen: set[int]
+) -> str:
     nodes = list(ast.walk(node))
     if not any(_raises_not_implemented(n, helpers) for n in nodes):
-        return SIMULATED
+        return PARTLY if _calls_refusing_function(node, namespace, seen) else SIMULATED
     body = getattr(node, "body", [])
     returns = any(isinstance(n, ast.Return) and n.value is not None for n in nodes)
     if body and _raises_not_implemented(body[-1], helpers) and not returns:
@@ -183,23 +221,29 @@ def _helper_check(namespace: dict[str, Any]) -> Callable[[str], bool]:
 
 def status_of(value: Any) -> str:
     """The class of a function or class of the simulator (see the module docstring)."""
+    return _status(value, set())
+
+
+def _status(value: Any, seen: set[int]) -> str:
     target = inspect.unwrap(value) if callable(value) else value
     if not (inspect.isfunction(target) or inspect.isclass(target)):
         return SIMULATED
+    seen.add(id(target))
     try:
         source = textwrap.dedent(inspect.getsource(target))
     except (OSError, TypeError):
         return SIMULATED
     module = sys.modules.get(target.__module__)
-    helpers = _helper_check(vars(module) if module is not None else {})
+    namespace = target.__globals__ if inspect.isfunction(target) else vars(module or sys)
+    helpers = _helper_check(namespace)
     node = ast.parse(source).body[0]
     if inspect.isclass(target):
         methods = [
             n for n in ast.walk(node) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
         ]
-        statuses = {_function_status(m, helpers) for m in methods}
+        statuses = {_function_status(m, helpers, namespace, seen) for m in methods}
         return SIMULATED if statuses <= {SIMULATED} else PARTLY
-    return _function_status(node, helpers)
+    return _function_status(node, helpers, namespace, seen)
 
 
 @dataclass(frozen=True)
