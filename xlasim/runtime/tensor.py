@@ -339,6 +339,8 @@ def wrap_data(elem: torch.Tensor, device: torch.device | None) -> XlaSimTensor:
         else (runtime.default_device_index)
     )
     runtime.devices_used = True
+    if not runtime.client_initialized:
+        runtime.start()  # the first device buffer starts the runtime
     return XlaSimTensor(elem, xla_device(index))
 
 

@@ -28,7 +28,6 @@ from xlasim.runtime.shards import (
 )
 from xlasim.runtime.tensor import XlaSimTensor, materialize, wrap_data
 from xlasim.sharding import op_sharding
-from xlasim.sharding.device_layout import device_attributes
 from xlasim.sharding.op_sharding import (
     ProtoType,
     check_failed,
@@ -44,11 +43,15 @@ def _rt() -> state.SimRuntime:
 
 
 def _xla_get_default_device() -> str:
-    return f"xla:{_rt().default_device_index}"
+    rt = _rt()
+    rt.start()  # naming a device starts the runtime, as in torch_xla
+    return f"xla:{rt.default_device_index}"
 
 
 def _xla_set_default_device(device: Any) -> None:
-    _rt().default_device_index = torch.device(device).index or 0
+    rt = _rt()
+    rt.start()
+    rt.default_device_index = torch.device(device).index or 0
 
 
 def _xla_get_devices() -> list[str]:
@@ -92,15 +95,15 @@ def _xla_get_default_device_ordinal() -> int:
 
 
 def _xla_get_process_index() -> int:
-    return _rt().host_index
+    return _rt().client.process_index
 
 
 def _xla_get_num_processes() -> int:
-    return _rt().spec.num_hosts
+    return _rt().client.num_processes
 
 
 def _xla_device_kind(device: str) -> str:
-    return _rt().spec.device_kind
+    return _rt().client.device_kind
 
 
 def _xla_get_device_attributes(device: str) -> dict[str, object]:
@@ -109,7 +112,11 @@ def _xla_get_device_attributes(device: str) -> dict[str, object]:
 
 
 def _xla_get_all_device_attributes() -> list[dict[str, object]]:
-    return device_attributes(_rt().spec)
+    return _rt().client.attributes()
+
+
+def _xla_runtime_is_initialized() -> bool:
+    return _rt().client_initialized
 
 
 def _xla_computation_cache_is_initialized() -> bool:
@@ -278,7 +285,7 @@ def _xla_mark_sharding(t: Any, sharding: OpSharding) -> None:
             )
     check_fits(rt, x, new)
     start = time.perf_counter_ns()
-    if rt.spec.num_hosts > 1:
+    if rt.client.num_processes > 1:
         # The transfer takes each device's shard from the host that owns the device.
         x._elem = assemble_from_hosts(rt, global_value(x), new)
     state.count("VirtualDeviceUsage")

@@ -9,29 +9,33 @@ import os
 import warnings
 
 import torch_xla
+import torch_xla._internal.tpu as tpu
+import torch_xla.core.xla_env_vars as xenv
 import torch_xla.core.xla_model as xm
 from torch_xla.utils import utils as xu
 
-from xlasim.runtime import state
-
-
-def _rt() -> state.SimRuntime:
-    return state.current()
-
 
 def set_device_type(pjrt_device: str) -> None:
-    if torch_xla._XLAC._xla_computation_cache_is_initialized() and pjrt_device != "TPU":
-        raise RuntimeError(
-            "Can't change device type after XLA runtime is initialized; xlasim simulates TPU"
-        )
-    if pjrt_device.upper() != "TPU":
-        raise NotImplementedError(
-            f"xlasim simulates a TPU slice; PJRT device {pjrt_device!r} is not simulated"
-        )
+    """Chooses the PJRT client (``'TPU'``, ``'CPU'``) before the runtime starts."""
+    if (
+        torch_xla._XLAC._xla_runtime_is_initialized()
+        and os.environ.get(xenv.PJRT_DEVICE) != pjrt_device
+    ):
+        raise RuntimeError("Can't change device type after XLA runtime is initialized")
+    os.environ[xenv.PJRT_DEVICE] = pjrt_device
+
+
+def _maybe_select_default_device() -> None:
+    """At import: with no ``PJRT_DEVICE`` set, pick the TPU the simulated host has."""
+    selecting = xu.getenv_as(xenv.PJRT_SELECT_DEFAULT_DEVICE, str, "1") != "0"
+    if selecting and xenv.PJRT_DEVICE not in os.environ:
+        os.environ[xenv.PJRT_DEVICE] = "TPU" if tpu.num_available_chips() > 0 else "CPU"
 
 
 def device_type() -> str | None:
-    return _rt().device_type
+    """The PJRT device type named by ``PJRT_DEVICE`` (read anew on every call)."""
+    pjrt_device = xu.getenv_as(xenv.PJRT_DEVICE, str)
+    return pjrt_device.split("_")[0] if pjrt_device else pjrt_device
 
 
 def is_bf16_supported() -> bool:
@@ -78,8 +82,7 @@ def process_count() -> int:
 
 
 def host_index() -> int:
-    # On TPU, torch_xla reads the worker id of this host.
-    return _rt().host_index
+    return tpu.worker_id() if device_type() == "TPU" else 0
 
 
 def runtime_device_attributes(device: str) -> dict[str, object]:
@@ -126,12 +129,9 @@ def is_spmd() -> bool:
 
 
 def get_master_ip() -> str:
-    # On a TPU, torch_xla asks the TPU metadata for worker 0's address; a simulated slice's
-    # hosts all live on this machine.
-    hostnames = os.environ.get("TPU_WORKER_HOSTNAMES")
-    if hostnames:
-        return hostnames.split(",")[0]
-    return "127.0.0.1"
+    if device_type() == "TPU":
+        return tpu.discover_master_worker_ip()
+    raise RuntimeError(f"IP discovery not supported for device: {device_type()}")
 
 
 def initialize_cache(path: str, readonly: bool = False) -> None:
