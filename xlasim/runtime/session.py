@@ -14,6 +14,7 @@ import torch
 
 from tpu_backend.topology import SliceSpec
 from xlasim.runtime import state
+from xlasim.runtime.client import tpu_client
 from xlasim.runtime.device import check_autograd_engine, ensure_device_guard
 from xlasim.runtime.tensor import FACTORY_KERNELS, wrap_data
 
@@ -41,6 +42,7 @@ def _check_autograd(spec: SliceSpec) -> None:
     if _autograd_checked:
         return
     scratch = state.SimRuntime(spec)
+    scratch.start(tpu_client(spec, 0))
     state.push(scratch)
     try:
         check_autograd_engine(lambda: wrap_data(torch.zeros(1), None))

@@ -117,10 +117,11 @@ class SimRuntime:
     def client_initialized(self) -> bool:
         return self._client is not None
 
-    def start(self) -> None:
-        """What starts torch_xla's runtime (a device named or used) creates the client."""
+    def start(self, client: Client | None = None) -> None:
+        """What starts torch_xla's runtime (a device named or used) creates the client:
+        ``client``, or the one the environment names."""
         if self._client is None:
-            self._client = client_from_env(self.spec, self.host_index)
+            self._client = client or client_from_env(self.spec, self.host_index)
 
     @property
     def device_type(self) -> str:
