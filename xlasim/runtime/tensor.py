@@ -423,8 +423,16 @@ def _local_scalar_dense(func, args, kwargs):
     return value
 
 
+def _clone(func, args, kwargs):
+    out = _run_op(func, args, kwargs)
+    # torch_xla's clone gives the copy its source's sharding spec (data or annotation alike).
+    out._sharding = args[0]._sharding
+    return out
+
+
 _SPECIAL = {
     aten._to_copy.default: _to_copy,
+    aten.clone.default: _clone,
     aten.copy_.default: _copy_,
     aten._local_scalar_dense.default: _local_scalar_dense,
 }
