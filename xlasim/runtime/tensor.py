@@ -430,7 +430,31 @@ def _clone(func, args, kwargs):
     return out
 
 
+def _class_index_target(func, args, kwargs, at: int):
+    """``nll_loss`` with a floating-point target, as XLA's lowering takes it: each sample picks
+    the class whose index equals its target value, so a non-integral value picks none (that
+    sample weighs nothing, as an ignored one does); eager CPU refuses such targets."""
+    target = args[at]
+    if not (isinstance(target, XlaSimTensor) and target.dtype.is_floating_point):
+        return _run_op(func, args, kwargs)
+    ignore_index = args[at + 3]
+    picked = torch.where(target == target.trunc(), target, ignore_index).long()
+    return _run_op(func, (*args[:at], picked, *args[at + 1 :]), kwargs)
+
+
+def _nll_forward(func, args, kwargs):
+    return _class_index_target(func, args, kwargs, 1)
+
+
+def _nll_backward(func, args, kwargs):
+    return _class_index_target(func, args, kwargs, 2)
+
+
 _SPECIAL = {
+    aten.nll_loss_forward.default: _nll_forward,
+    aten.nll_loss_backward.default: _nll_backward,
+    aten.nll_loss2d_forward.default: _nll_forward,
+    aten.nll_loss2d_backward.default: _nll_backward,
     aten._to_copy.default: _to_copy,
     aten.clone.default: _clone,
     aten.copy_.default: _copy_,
