@@ -265,6 +265,7 @@ class GraphCache:
             self._store(record)
             if not cached:
                 metrics.add_sample("CompileTime", time.perf_counter_ns() - start)
+                metrics.inc("CreateCompileHandles")  # the runtime's compiled executable
         self.last_at_site[site] = record
         record.executions += 1
         if spmd:

@@ -77,6 +77,15 @@ def tensor_device_bytes(
     return dict.fromkeys(sharding.devices(), shard * itemsize)
 
 
+def sent_bytes(rt: SimRuntime, t: Any) -> int:
+    """Bytes a host-to-device transfer of ``t`` (as sharded now) sends from this process:
+    one copy per local device it lives on, so a replicated SPMD tensor counts once per device."""
+    if not rt.spmd:
+        return int(t.numel()) * _itemsize(t)
+    held = tensor_device_bytes(t, t._sharding, len(rt.global_device_ids()), True)
+    return sum(held.get(d, 0) for d in rt.addressable_device_ids())
+
+
 def _live_tensors(rt: SimRuntime) -> list[Any]:
     """Every live simulated device tensor this runtime knows of."""
     return list(rt.memory.tracked.values())

@@ -384,7 +384,7 @@ def _to_copy(func, args, kwargs):
         out = aten._to_copy.default(src._elem, **cpu_kwargs)
         if target.type != "cpu":
             out = out.to(target)
-        runtime.metrics.add_sample("TransferFromDeviceTime", time.perf_counter_ns() - start)
+        runtime.metrics.from_device(_nbytes(src._elem), start)
         return out
     if target is not None and target.index is not None and target.index != src.device.index:
         # Device to device copy: a new device-data tensor on the other device.
@@ -401,7 +401,9 @@ def _copy_(func, args, kwargs):
         start = time.perf_counter_ns()
         dst._elem.copy_(src, **kwargs)
         dst._node = None
-        runtime.metrics.add_sample("TransferToDeviceTime", time.perf_counter_ns() - start)
+        if not runtime.spmd:
+            # Under SPMD torch_xla keeps the data on the host until it is sharded or used.
+            runtime.metrics.to_device(_nbytes(dst._elem), start)
         memory.check_fits(runtime, dst, None)
         return dst
     if not isinstance(dst, XlaSimTensor):
@@ -419,8 +421,12 @@ def _local_scalar_dense(func, args, kwargs):
     runtime.metrics.inc("aten::_local_scalar_dense")
     start = time.perf_counter_ns()
     value = func(src._elem)
-    runtime.metrics.add_sample("TransferFromDeviceTime", time.perf_counter_ns() - start)
+    runtime.metrics.from_device(_nbytes(src._elem), start)
     return value
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
 
 
 def _clone(func, args, kwargs):

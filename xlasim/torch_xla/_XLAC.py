@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from xlasim.runtime import optimizer_steps, state
-from xlasim.runtime.memory import check_fits
+from xlasim.runtime.memory import check_fits, sent_bytes
 from xlasim.runtime.shards import (
     assemble_from_hosts,
     gather_shards,
@@ -148,14 +148,15 @@ def _xla_tensors_from_aten(
     """Host-to-device transfers, placing each tensor with its input sharding if given."""
     rt = _rt()
     out: list[torch.Tensor] = []
+    start = time.perf_counter_ns()
     for i, (t, device) in enumerate(zip(tensors, devices, strict=True)):
-        start = time.perf_counter_ns()
         x = wrap_data(t.detach().clone(), torch.device(device))
-        rt.metrics.add_sample("TransferToDeviceTime", time.perf_counter_ns() - start)
         sharding = shardings[i] if shardings else None
         # Placement (replicated under SPMD, minibatch assembly across hosts, HBM check).
         x = place_input(x, sharding)
         out.append(x)
+    if out:  # the whole list is one transfer
+        rt.metrics.to_device(sum(sent_bytes(rt, x) for x in out), start)
     return out
 
 
@@ -175,6 +176,17 @@ def _xla_counter_names() -> list[str]:
 
 def _xla_counter_value(name: str) -> int | None:
     return _rt().metrics.counter_value(name)
+
+
+def _xla_increment_counter(name: str, value: int) -> None:
+    """Adds ``value`` to a counter, creating it if new (a count: never negative)."""
+    if not isinstance(name, str) or not isinstance(value, int) or value < 0:
+        raise TypeError(
+            "_xla_increment_counter(): incompatible function arguments. The following argument "
+            "types are supported:\n    1. (arg0: str, arg1: typing.SupportsInt) -> None\n\n"
+            f"Invoked with: {name!r}, {value!r}"
+        )
+    _rt().metrics.inc(name, value)
 
 
 def _xla_metric_names() -> list[str]:
@@ -291,7 +303,7 @@ def _xla_mark_sharding(t: Any, sharding: OpSharding) -> None:
     _set_sharding(x, new)
     # The data moves to the devices as one buffer per addressable device.
     rt.metrics.inc("CreateDataHandles", len(rt.addressable_device_ids()))
-    rt.metrics.add_sample("TransferToDeviceTime", time.perf_counter_ns() - start)
+    rt.metrics.to_device(sent_bytes(rt, x), start)
 
 
 def _set_sharding(x: Any, sharding: TensorSharding) -> None:
