@@ -31,7 +31,10 @@ _PROCESS_VARS = (
 @pytest.fixture
 def v4_16_host_1(monkeypatch):
     for name in _PROCESS_VARS:
-        monkeypatch.delenv(name, raising=False)
+        # setenv first so that teardown also removes what the test's calls set: delenv of
+        # an unset name records nothing to undo.
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     for name, value in _V4_16_HOST_1.items():
         monkeypatch.setenv(name, value)
 
