@@ -110,3 +110,29 @@ def test_spmd_transfers_send_shards(xla_target):
     met.clear_all()
     x.cpu()
     assert _samples(met, "InboundData") == (1, 64.0)
+
+
+def test_spmd_reads_count_replicate_sharded_data(xla_target):
+    """Under SPMD every read of device data back to the host gathers it
+    (``ReplicateShardedData``), replicated data too; data still on the host is not counted."""
+    import torch_xla
+    import torch_xla.debug.metrics as met
+    import torch_xla.distributed.spmd as xs
+    import torch_xla.runtime as xr
+
+    if xla_target.num_devices != 4:
+        pytest.skip(f"written for a 4-device slice, {xla_target} has {xla_target.num_devices}")
+    xr.use_spmd()
+    sharded = torch.ones(4, 4).to("xla")
+    xs.mark_sharding(sharded, xs.Mesh(np.arange(4), (1, 4)), (0, 1))
+    replicated = torch.ones(4, 4).to("xla") + 0
+    on_host = torch.ones(4, 4).to("xla")
+    torch_xla.sync()
+    met.clear_all()
+    on_host.cpu()
+    assert met.counter_value("ReplicateShardedData") is None
+    sharded.cpu()
+    replicated.cpu()
+    assert met.counter_value("ReplicateShardedData") == 2
+    assert (sharded + 1).sum().item() == 32.0
+    assert met.counter_value("ReplicateShardedData") == 3

@@ -384,6 +384,7 @@ def _to_copy(func, args, kwargs):
         out = aten._to_copy.default(src._elem, **cpu_kwargs)
         if target.type != "cpu":
             out = out.to(target)
+        _count_gather(runtime, src)
         runtime.metrics.from_device(_nbytes(src._elem), start)
         return out
     if target is not None and target.index is not None and target.index != src.device.index:
@@ -421,8 +422,16 @@ def _local_scalar_dense(func, args, kwargs):
     runtime.metrics.inc("aten::_local_scalar_dense")
     start = time.perf_counter_ns()
     value = func(src._elem)
+    _count_gather(runtime, src)
     runtime.metrics.from_device(_nbytes(src._elem), start)
     return value
+
+
+def _count_gather(runtime: Any, src: XlaSimTensor) -> None:
+    """Under SPMD, reading device data back gathers it from the devices' buffers (replicated
+    ones too); data that never left the host (no sharding yet) is read as it is."""
+    if runtime.spmd and src._sharding is not None:
+        runtime.metrics.inc("ReplicateShardedData")
 
 
 def _nbytes(t: torch.Tensor) -> int:
