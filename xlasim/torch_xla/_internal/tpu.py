@@ -52,24 +52,6 @@ class MeshShape(NamedTuple):
         return MeshShape(*(a * b for a, b in zip(self, other, strict=False)))
 
 
-# Host bounds of the v2/v3 pod sizes, which their metadata does not carry.
-_V2_V3_HOST_BOUNDS = {
-    "v2-8": "1,1,1",
-    "v2-32": "2,2,1",
-    "v2-128": "4,4,1",
-    "v2-256": "4,8,1",
-    "v2-512": "8,8,1",
-    "v3-8": "1,1,1",
-    "v3-32": "2,2,1",
-    "v3-64": "2,4,1",
-    "v3-128": "4,4,1",
-    "v3-256": "4,8,1",
-    "v3-512": "8,8,1",
-    "v3-1024": "8,16,1",
-    "v3-2048": "16,16,1",
-}
-
-
 def process_bounds_size() -> int | None:
     """Processes across all TPU hosts (``TPU_PROCESS_BOUNDS``), or None if unset."""
     bounds = xu.getenv_as(xenv.TPU_PROCESS_BOUNDS, str)
@@ -185,7 +167,9 @@ def configure_topology(local_rank: int, local_world_size: int, base_port: int = 
         hosts_bounds = MeshShape.from_string(env[xenv.TPU_PROCESS_BOUNDS])
         chips = MeshShape.from_string(env[xenv.TPU_CHIPS_PER_PROCESS_BOUNDS])
     else:
-        hosts_bounds = MeshShape.from_string(_V2_V3_HOST_BOUNDS[env[xenv.ACCELERATOR_TYPE]])
+        # v2/v3 metadata carries no process bounds: torch_xla takes the host bounds of the
+        # pod type from a table, which are the simulated slice's own.
+        hosts_bounds = MeshShape(*state.current().spec.host_bounds)
         chips = MeshShape(2, 2, 1)
     bounds = ",".join(str(d) for d in hosts_bounds * chips)
     if generation == 7:
