@@ -102,7 +102,8 @@ def test_spmd_transfers_send_shards(xla_target):
     xs.mark_sharding(x, mesh, (0, 1))
     assert _samples(met, "OutboundData") == (1, 64.0)  # four 4x1 shards
     met.clear_all()
-    xm.send_cpu_data_to_device([torch.ones(4, 4)], torch_xla.device(), xs.ShardingSpec(mesh, (0, 1)))
+    spec = xs.ShardingSpec(mesh, (0, 1))
+    xm.send_cpu_data_to_device([torch.ones(4, 4)], torch_xla.device(), spec)
     assert _samples(met, "OutboundData") == (1, 64.0)
     met.clear_all()
     xm.send_cpu_data_to_device([torch.ones(4, 4)], torch_xla.device())
