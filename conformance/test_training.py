@@ -83,7 +83,5 @@ def test_nll_loss_takes_a_float_class_target(xla_target):
         expected.sum().backward()
         torch.testing.assert_close(loss.cpu(), expected.detach(), **LOSS_TOL)
         torch.testing.assert_close(x.grad.cpu(), expected_x.grad, **LOSS_TOL)
-    loss = torch.nn.CrossEntropyLoss()(
-        torch.randn(8, 1).to(dev), torch.zeros(8).to(dev)
-    )
+    loss = torch.nn.CrossEntropyLoss()(torch.randn(8, 1).to(dev), torch.zeros(8).to(dev))
     assert loss.item() == 0.0
