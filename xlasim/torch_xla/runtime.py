@@ -47,9 +47,11 @@ def global_device_count() -> int:
 
 
 def world_size() -> int:
-    if torch_xla._XLAC._xla_get_replication_devices_count() == 0:
-        return 1
-    return global_device_count()
+    rt = state.current()
+    if rt.world_size is None:
+        replicated = torch_xla._XLAC._xla_get_replication_devices_count() != 0
+        rt.world_size = global_device_count() if replicated else 1
+    return rt.world_size
 
 
 def local_device_count() -> int:
