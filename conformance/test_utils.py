@@ -51,7 +51,9 @@ def test_for_each_instance_rewrite(xla_target):
     seen = []
     xu.for_each_instance(value, lambda x: isinstance(x, torch.Tensor), seen.append)
     assert len(seen) == 2  # the shared tensor once
-    out = xu.for_each_instance_rewrite(value, lambda x: isinstance(x, torch.Tensor), lambda t: t + 1)
+    out = xu.for_each_instance_rewrite(
+        value, lambda x: isinstance(x, torch.Tensor), lambda t: t + 1
+    )
     assert isinstance(out["a"], list)  # tuples come back as lists
     assert out["a"][0] is out["b"][0]  # sharing survives the rewrite
     assert out["a"][0].tolist() == [2.0] and out["a"][1] == 2
@@ -70,7 +72,9 @@ def test_for_each_instance_rewrite(xla_target):
             return Pair(*tensors)
 
     moved = xu.for_each_instance_rewrite(
-        [Pair(torch.zeros(1), torch.ones(1))], lambda x: isinstance(x, torch.Tensor), lambda t: t * 3
+        [Pair(torch.zeros(1), torch.ones(1))],
+        lambda x: isinstance(x, torch.Tensor),
+        lambda t: t * 3,
     )
     assert moved[0].y.tolist() == [3.0]
     with pytest.raises(NotImplementedError):
