@@ -153,7 +153,9 @@ def _children(value: Any) -> Iterator[Any]:
         yield from list(value.__dict__.values())
 
 
-def for_each_instance(value: Any, select_fn: Callable[[Any], bool], fn: Callable[[Any], Any]) -> None:
+def for_each_instance(
+    value: Any, select_fn: Callable[[Any], bool], fn: Callable[[Any], Any]
+) -> None:
     """Calls ``fn`` on every object reachable from ``value`` that ``select_fn`` selects (each
     object once), looking into dicts (keys and values), lists, tuples, sets, ``DataWrapper``s
     and object attributes."""
