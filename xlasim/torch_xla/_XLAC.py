@@ -95,8 +95,7 @@ def _set_all_reduce_token(device: str, token: Any) -> None:
 
 
 def _xla_get_default_device_ordinal() -> int:
-    rt = _rt()
-    return rt.addressable_device_ids()[0] + rt.default_device_index
+    return _rt().default_ordinal()
 
 
 def _xla_get_process_index() -> int:
@@ -135,10 +134,7 @@ def _xla_get_spmd_config_is_locked() -> bool:
 def _xla_step_marker(
     device: str = "", devices: Any = (), wait: bool = False, reset_scope: bool = True
 ) -> None:
-    rt = _rt()
-    graphs = rt.graphs
-    graphs.execute(graphs.live_pending(), sync_all=True, spmd=rt.spmd)
-    rt.metrics.inc("MarkStep")
+    _rt().mark_step()
 
 
 def _xla_sync_multi(
@@ -207,14 +203,12 @@ def _short_xla_metrics_report(counter_names: list[str], metric_names: list[str])
 
 
 def _get_executed_fallback_ops() -> list[str]:
-    return [n for n in _rt().metrics.counter_names() if n.startswith("aten::")]
+    return _rt().metrics.fallback_ops()
 
 
 # -- sharding --------------------------------------------------------------------------
 def _xla_set_rng_seed(seed: int, device: str = "") -> None:
-    rt = _rt()
-    rt.rng_seed = int(seed)
-    rt.generator.manual_seed(int(seed))
+    _rt().manual_seed(seed)
 
 
 def _xla_get_rng_seed(device: str = "") -> int:

@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterator
 from concurrent import futures
 from typing import Any
 
+from xlasim.runtime import state as _runtime
+
 
 class Cleaner:
     """Calls ``func`` when the object is garbage collected."""
@@ -294,5 +296,4 @@ class TimedScope:
 
 
 def check_env_flag(name: str, default: str = "") -> bool:
-    flag = os.getenv(name, default)
-    return flag == "true" or (flag.isdigit() and int(flag) > 0)
+    return _runtime.env_flag(name, default)
