@@ -79,3 +79,14 @@ def test_for_each_instance_rewrite(xla_target):
     assert moved[0].y.tolist() == [3.0]
     with pytest.raises(NotImplementedError):
         xu.DataWrapper().get_tensors()
+
+
+def test_distribution_metadata(xla_target):
+    # Client libraries (Lightning) read the installed version before importing torch_xla.
+    import importlib.metadata
+
+    import torch_xla.version
+
+    assert importlib.metadata.version("torch_xla") == "2.9.0"
+    assert importlib.metadata.distribution("torch-xla").metadata["Name"] == "torch-xla"
+    assert torch_xla.version.__version__ == "2.9.0"
