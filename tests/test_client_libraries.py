@@ -14,7 +14,7 @@ import json
 import sys
 
 import pytest
-from docs_examples import env_for, run
+from docs_examples import ROOT, env_for, run
 
 ACCELERATE_LOOP = """
 import json, sys, torch
@@ -38,6 +38,43 @@ for _ in range(2):
 print("RESULT " + json.dumps({
     "type": str(acc.distributed_type), "device": str(acc.device),
     "param_device": str(next(model.parameters()).device), "losses": losses,
+}))
+"""
+
+LIGHTNING_LOOP = """
+import json, sys, torch
+import lightning as L
+
+class Regression(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 1)
+        self.losses, self.devices = [], set()
+
+    def training_step(self, batch, index):
+        xb, yb = batch
+        loss = torch.nn.functional.mse_loss(self.lin(xb), yb)
+        self.losses.append(loss.detach())
+        self.devices.add(str(xb.device))
+        self.devices.add(str(self.lin.weight.device))
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+torch.manual_seed(0)
+module = Regression()
+x = torch.arange(32.0).reshape(8, 4) / 32
+data = torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True))
+trainer = L.Trainer(
+    accelerator="cpu" if sys.argv[1] == "cpu" else "tpu", devices=1, max_epochs=2,
+    logger=False, enable_checkpointing=False, enable_progress_bar=False,
+    enable_model_summary=False,
+)
+trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=4))
+print("RESULT " + json.dumps({
+    "accelerator": type(trainer.accelerator).__name__,
+    "devices": sorted(module.devices), "losses": [float(l.cpu()) for l in module.losses],
 }))
 """
 
@@ -67,5 +104,18 @@ def test_accelerate_trains_on_xla_as_on_cpu(tmp_path):
         "xla:0",
         "xla:0",
     )
+    assert len(xla["losses"]) == 4
+    assert xla["losses"] == pytest.approx(cpu["losses"], rel=1e-6)
+
+
+def test_lightning_trains_on_tpu_as_on_cpu(tmp_path):
+    pytest.importorskip("lightning")
+    if not (ROOT / "xlasim" / "torch_xla" / "_internal" / "tpu.py").exists():
+        # Lightning counts TPU devices with torch_xla._internal.tpu.num_available_devices().
+        pytest.skip("the simulator does not have torch_xla._internal.tpu yet")
+    cpu = _result(LIGHTNING_LOOP, "cpu", tmp_path)
+    xla = _result(LIGHTNING_LOOP, "xla", tmp_path)
+    assert (cpu["accelerator"], cpu["devices"]) == ("CPUAccelerator", ["cpu"])
+    assert (xla["accelerator"], xla["devices"]) == ("XLAAccelerator", ["xla:0"])
     assert len(xla["losses"]) == 4
     assert xla["losses"] == pytest.approx(cpu["losses"], rel=1e-6)
