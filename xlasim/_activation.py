@@ -26,6 +26,8 @@ _SURFACE_PARENT = os.path.dirname(os.path.abspath(__file__))
 _lock = threading.RLock()
 
 F = TypeVar("F", bound=Callable[..., Any])
+# "1": one process stands for every host of a multi-host slice (see simulate(single_process=)).
+SINGLE_PROCESS_ENV = "XLASIM_SINGLE_PROCESS"
 
 
 def _is_torch_xla(name: str) -> bool:
@@ -148,6 +150,11 @@ class simulate:  # noqa: N801 - used like a function: `with xlasim.simulate(...)
 
     Usable as a context manager or a decorator; each entry gets a fresh simulated runtime
     (metrics, compiled graphs, SPMD mode) and nested entries stack.
+
+    On a multi-host slice this process is host ``host_index``, and data entering the devices
+    from the other hosts comes from their processes (``xlasim run`` starts them).  With
+    ``single_process=True`` this process stands for them all instead: every other host enters
+    the same data into its devices as this one does (docs/multi-host.md).
     """
 
     def __init__(
@@ -155,18 +162,20 @@ class simulate:  # noqa: N801 - used like a function: `with xlasim.simulate(...)
         topology: str = "2x2",
         accelerator: str | None = None,
         host_index: int = 0,
+        single_process: bool = False,
     ) -> None:
         self.spec = parse_slice(topology, accelerator)
         # Validates the host index now, before anything (torch included) is loaded.
         tpu_host_env(self.spec, host_index)
         self.host_index = host_index
+        self.single_process = bool(single_process)
         self._runtimes: list[Any] = []
 
     def __enter__(self) -> Any:
         with _lock:
             if not _entries:
                 _swap_in(self.spec)
-            runtime = _session().enter(self.spec, self.host_index)
+            runtime = _session().enter(self.spec, self.host_index, self.single_process)
             _entries.append(self)
             self._runtimes.append(runtime)
         return runtime
@@ -210,8 +219,12 @@ def config_from_env(environ: Any = os.environ) -> dict[str, Any] | None:
         raise ValueError(
             f"XLASIM_HOST_INDEX={host!r} is not a valid host index: expected an integer"
         ) from None
+    single = environ.get(SINGLE_PROCESS_ENV, "0")
+    if single not in ("0", "1"):
+        raise ValueError(f"{SINGLE_PROCESS_ENV}={single!r} is not valid: expected 0 or 1")
     return {
         "topology": topology,
         "accelerator": environ.get("XLASIM_ACCELERATOR") or None,
         "host_index": host_index,
+        "single_process": single == "1",
     }

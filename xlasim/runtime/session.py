@@ -85,9 +85,9 @@ def _release_graph_tasks_at_exit(spec: SliceSpec, pid: int) -> None:
         )
 
 
-def enter(spec: SliceSpec, host_index: int) -> state.SimRuntime:
+def enter(spec: SliceSpec, host_index: int, single_process: bool = False) -> state.SimRuntime:
     """Makes a fresh runtime for host ``host_index`` the active one."""
-    runtime = state.SimRuntime(spec, host_index)
+    runtime = state.SimRuntime(spec, host_index, single_process=single_process)
     runtime.save_env()
     # On a TPU VM `import torch_xla` selects PJRT_DEVICE=TPU; so does the simulation.
     os.environ["PJRT_DEVICE"] = "TPU"

@@ -51,6 +51,8 @@ class HostLink:
     """A ``torch.distributed.ProcessGroupGloo``."""
     store: Any
     """The ``TCPStore`` under the group, kept alive as long as the group."""
+    timeout_s: float
+    """How long meeting the other hosts and each exchange may wait."""
 
 
 @dataclass(eq=False)  # one runtime is one process's state: compared by identity
@@ -76,6 +78,9 @@ class SimRuntime:
     memory: MemoryState = field(default_factory=MemoryState)
     hosts: HostLink | None = None
     """Joined on first use, on multi-host slices only."""
+    single_process: bool = False
+    """This process stands for every host of the slice: the absent hosts enter the same data
+    into their devices as this one does, so no other process is needed."""
     metrics: Metrics = field(default_factory=Metrics)
     graphs: GraphCache = field(init=False)
     generator: torch.Generator = field(init=False)
