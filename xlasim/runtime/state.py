@@ -69,6 +69,8 @@ class SimRuntime:
     """(run_async, closure, args), queued by xm.add_step_closure and run after a sync."""
     replication_devices: int = 0
     """0 means "not replicated", which is what world_size() reads."""
+    world_size: int | None = None
+    """``xr.world_size()`` once asked: torch_xla keeps its first answer for the process."""
     devices_used: bool = False
     """Set once a tensor lives on a device: torch_xla then calls the SPMD config locked."""
     rng_seed: int = 0

@@ -62,20 +62,36 @@ class XlaSimTensor(torch.Tensor):
 
     def __repr__(self, *, tensor_contents: Any = None) -> Any:  # type: ignore[override]
         materialize([self])
-        text = torch._tensor_str._str(self._elem.detach())
-        suffix = f"device='{self.device}'"
+        # The CPU tensor's text with the device as the first suffix, where torch puts it; the
+        # data ends at the last bracket (or, for a 0-dim tensor, at the first suffix).
+        body = torch._tensor_str._str(self._elem.detach())[:-1]
+        if self.dim() == 0:
+            end = body.find(", ")
+            end = len(body) if end < 0 else end
+        else:
+            end = body.rfind("]") + 1
         grad = self.grad_fn
         extra = (
             f", grad_fn=<{type(grad).__name__}>"
             if grad is not None
             else (", requires_grad=True" if self.requires_grad else "")
         )
-        # CPU formatting ends with ")"; torch puts the device first among the suffixes.
-        body = text[:-1]
-        if ", dtype=" in body and not body.endswith("]"):
-            head, _, dtype = body.rpartition(", dtype=")
-            return f"{head}, {suffix}, dtype={dtype}{extra})"
-        return f"{body}, {suffix}{extra})"
+        text = f"{body[:end]}, device='{self.device}'{body[end:]}{extra})"
+        # nn.Parameter of a wrapper subclass keeps the subclass; torch's Parameter repr.
+        return "Parameter containing:\n" + text if self._is_parameter() else text
+
+    def _is_parameter(self) -> bool:
+        return bool(getattr(self, "_is_param", False))
+
+    def __format__(self, format_spec: str) -> str:
+        # torch formats a 0-dim plain tensor as its value; a Parameter (another class in real
+        # torch_xla) and a tensor with dimensions as their text, refusing a format spec.
+        if self.dim() == 0 and not self._is_parameter():
+            return self.item().__format__(format_spec)
+        if format_spec:
+            name = "Parameter" if self._is_parameter() else "Tensor"
+            raise TypeError(f"unsupported format string passed to {name}.__format__")
+        return str(self)
 
     def tolist(self) -> Any:
         return self.cpu().tolist()

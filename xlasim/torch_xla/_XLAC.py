@@ -89,6 +89,14 @@ def _xla_get_replication_devices_count() -> int:
     return _rt().replication_devices
 
 
+def _xla_set_replication_devices(devices: list[str]) -> None:
+    _rt().replication_devices = len(devices)
+
+
+def _set_all_reduce_token(device: str, token: Any) -> None:
+    """The simulator orders collectives by program order; it keeps no token to reset."""
+
+
 def _xla_get_default_device_ordinal() -> int:
     return _rt().default_ordinal()
 

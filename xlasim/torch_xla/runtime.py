@@ -64,8 +64,12 @@ def global_device_count() -> int:
 
 
 def world_size() -> int:
-    # Replication is what xmp.spawn sets up; without it a process is a world of one.
-    return global_device_count() if _rt().replication_devices else 1
+    # Replication is what xm.set_replication (xmp.spawn, accelerate) sets up; without it a
+    # process is a world of one. torch_xla keeps its first answer for the process.
+    rt = _rt()
+    if rt.world_size is None:
+        rt.world_size = global_device_count() if rt.replication_devices else 1
+    return rt.world_size
 
 
 def local_device_count() -> int:
