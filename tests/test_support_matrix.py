@@ -26,7 +26,9 @@ def _only_with_flag(flag: bool) -> int:
     return 1
 
 
-def _builds_error(name: str) -> NotImplementedError:
+def _builds_error(name: str) -> Exception:
+    if not name:
+        return ValueError(name)
     return NotImplementedError(name)
 
 

@@ -207,16 +207,28 @@ def _function_status(
     return PARTLY
 
 
+def _builds_not_implemented(helper: Any) -> bool:
+    """Whether ``helper`` is a function that returns a ``NotImplementedError(...)`` (in some
+    branch) for its caller to raise."""
+    if not inspect.isfunction(helper):
+        return False
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(helper)))
+    except (OSError, TypeError, SyntaxError):
+        return False
+    return any(
+        isinstance(n, ast.Return)
+        and isinstance(n.value, ast.Call)
+        and isinstance(n.value.func, ast.Name)
+        and n.value.func.id == "NotImplementedError"
+        for n in ast.walk(tree)
+    )
+
+
 def _helper_check(namespace: dict[str, Any]) -> Callable[[str], bool]:
     """Whether ``name`` is a function of ``namespace`` that builds a NotImplementedError
     (``raise _multi_replica('all_reduce')``)."""
-
-    def check(name: str) -> bool:
-        helper = namespace.get(name)
-        annotations = getattr(helper, "__annotations__", {})
-        return annotations.get("return") in ("NotImplementedError", NotImplementedError)
-
-    return check
+    return lambda name: _builds_not_implemented(namespace.get(name))
 
 
 def status_of(value: Any) -> str:
