@@ -78,7 +78,7 @@ class _SimFinder(importlib.abc.MetaPathFinder):
         if spec is None:
             raise ModuleNotFoundError(
                 f"No module named {fullname!r}: xlasim does not simulate this part of "
-                'torch_xla (docs/support-matrix.md lists what it does)',
+                "torch_xla (docs/support-matrix.md lists what it does)",
                 name=fullname,
             )
         return spec
