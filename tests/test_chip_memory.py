@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -140,3 +143,43 @@ def test_enforce_hbm_from_the_environment(monkeypatch):
         elsewhere = torch.zeros(100).to("xla:1")
         assert _bytes_per_chip() == [800, 400, 0, 0]
         assert (t.device, elsewhere.device) == (torch.device("xla:0"), torch.device("xla:1"))
+
+
+def test_a_pjrt_cpu_client_is_host_memory_never_refused(monkeypatch):
+    # 8 CPU devices, twice the devices of the 2x2 slice's one host; enforcement on, 1000-byte
+    # chips: CPU devices are host memory, so nothing is refused and there are no chips to report.
+    monkeypatch.setenv("CPU_NUM_DEVICES", "8")
+    monkeypatch.setenv("XLASIM_ENFORCE_HBM", "1")
+    with _small_chips(1000):
+        import torch_xla.core.xla_model as xm
+        import torch_xla.runtime as xr
+
+        xr.set_device_type("CPU")
+        t = torch.ones(1000).to("xla:6")  # 4000 bytes on the seventh CPU device
+        w = torch.ones(3, device="xla:7", requires_grad=True)
+        (w * 2).sum().backward()
+        assert (t.device, w.grad.cpu().tolist()) == (torch.device("xla:6"), [2.0, 2.0, 2.0])
+        with pytest.raises(RuntimeError, match="PJRT CPU client .* no per-chip HBM"):
+            xlasim.chip_memory()
+        with pytest.raises(RuntimeError, match="UNIMPLEMENTED: GetAllocatorStats"):
+            xm.get_memory_info(t.device)
+
+
+def test_exit_after_backward_on_a_cpu_device_beyond_a_tpu_host(tmp_path):
+    # At exit the simulator waits for autograd's device threads on every device a backward
+    # pass used: xla:6 exists on the 8-device CPU client, not on the slice's 4-device host.
+    code = (
+        "import os, torch, xlasim\n"
+        "with xlasim.simulate('2x2', 'v5e'):\n"
+        "    import torch_xla.runtime as xr\n"
+        "    xr.set_device_type('CPU')\n"
+        "    w = torch.ones(3, device='xla:6', requires_grad=True)\n"
+        "    (w * 2).sum().backward()\n"
+        "    print(w.grad.cpu().tolist())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("XLASIM_")}
+    env["CPU_NUM_DEVICES"] = "8"
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "[2.0, 2.0, 2.0]\n", "")

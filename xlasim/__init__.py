@@ -11,6 +11,7 @@ __all__ = [
     "RecompilationReport",
     "assert_no_recompilation",
     "chip_memory",
+    "chip_memory_table",
     "clear_recompilations",
     "current_runtime",
     "enforce_hbm",
@@ -18,6 +19,7 @@ __all__ = [
     "recompilation_report",
     "recompilations",
     "register_xla_device",
+    "show_chip_memory",
     "simulate",
 ]
 
@@ -33,6 +35,8 @@ _LAZY = {
     "recompilations": "xlasim.recompilation",
     "chip_memory": "xlasim.runtime.memory",
     "enforce_hbm": "xlasim.runtime.memory",
+    "chip_memory_table": "xlasim.memory_view",
+    "show_chip_memory": "xlasim.memory_view",
 }
 
 

@@ -83,10 +83,23 @@ def layout(
 class HBM:
     """The live buffers of one runtime, as totals per device."""
 
-    __slots__ = ("spec", "enforce", "every", "extra", "_fullest_extra", "peak_bytes")
+    __slots__ = (
+        "spec",
+        "num_devices",
+        "on_chips",
+        "enforce",
+        "every",
+        "extra",
+        "_fullest_extra",
+        "peak_bytes",
+    )
 
     def __init__(self, spec: SliceSpec) -> None:
         self.spec = spec
+        self.num_devices = spec.num_devices
+        """Devices of the process's PJRT client (every process's)."""
+        self.on_chips = True
+        """Whether the devices are the slice's chips (False: PJRT CPU devices, host memory)."""
         self.enforce: bool | None = None
         """Whether an overflow fails; None until first asked (``XLASIM_ENFORCE_HBM``)."""
         self.every = 0
@@ -105,14 +118,14 @@ class HBM:
             return
         extra = self.extra
         if extra is None:
-            extra = self.extra = [0] * self.spec.num_devices
+            extra = self.extra = [0] * self.num_devices
         for d in devices:
             extra[d] += nbytes
         self._fullest_extra = None
 
     def device_bytes(self) -> list[int]:
         if self.extra is None:
-            return [self.every] * self.spec.num_devices
+            return [self.every] * self.num_devices
         return [self.every + e for e in self.extra]
 
     def chip_bytes(self) -> list[int]:
@@ -138,8 +151,16 @@ class HBM:
         chip, extra = self._fullest_extra
         return chip, self.every * k + extra
 
+    def host_memory(self, num_devices: int) -> None:
+        """The client's devices are PJRT CPU devices: counted per device, never refused (host
+        memory has no per-chip HBM bound)."""
+        self.num_devices = num_devices
+        self.on_chips = False
+
     # -- the out-of-memory check ----------------------------------------------------------------
     def enforcing(self) -> bool:
+        if not self.on_chips:
+            return False
         if self.enforce is None:
             # Read at first use, so a program may set the variable after entering the simulation.
             self.enforce = env_bool(ENFORCE_ENV)
@@ -226,7 +247,7 @@ def settle(hbm: HBM, spmd: bool, t: Any) -> None:
     old = t._buf
     if old is not None and old.key == key:
         return
-    devices, nbytes = layout_of(t, spmd, hbm.spec.num_devices)
+    devices, nbytes = layout_of(t, spmd, hbm.num_devices)
     hbm.check(devices, nbytes, None if old is None else (old.devices, old.nbytes))
     t._buf = Buffer(hbm, devices, nbytes, key)
 
@@ -246,7 +267,7 @@ def settle_all(hbm: HBM, spmd: bool, tensors: Sequence[Any]) -> None:
                 # The value it replaces is released by the same execution.
                 hbm.add(old.devices, -old.nbytes)
                 replaced.append(old)
-            devices, nbytes = layout_of(t, spmd, hbm.spec.num_devices)
+            devices, nbytes = layout_of(t, spmd, hbm.num_devices)
             hbm.check(devices, nbytes)
             made.append((t, Buffer(hbm, devices, nbytes, key)))
     finally:

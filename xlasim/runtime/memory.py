@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from tpu_backend.topology import SliceSpec
 from xlasim.runtime import hbm, state
 from xlasim.runtime.hbm import ENFORCE_ENV, human_bytes, layout, layout_of
 from xlasim.runtime.state import SimRuntime
@@ -38,6 +39,7 @@ __all__ = [
     "report",
     "reserve",
     "reshard",
+    "sent_bytes",
     "settle",
 ]
 
@@ -57,7 +59,7 @@ def reserve(
     """Before the data of a new device tensor is allocated: fails if it cannot fit."""
     shape = tuple(int(d) for d in size)
     devices, nbytes = layout(
-        shape, dtype.itemsize, sharding, device_index, rt.spmd, rt.spec.num_devices
+        shape, dtype.itemsize, sharding, device_index, rt.spmd, rt.client.num_devices
     )
     rt.memory.check(devices, nbytes)
 
@@ -74,32 +76,56 @@ def reshard(rt: SimRuntime, t: Any, sharding: TensorSharding) -> None:
         raise
 
 
+def sent_bytes(rt: SimRuntime, t: Any) -> int:
+    """Bytes a host-to-device transfer of ``t`` (as sharded now) sends from this process:
+    one copy per local device it lives on, so a replicated SPMD tensor counts once per device."""
+    itemsize = t.dtype.itemsize
+    if not rt.spmd:
+        return int(t.numel()) * itemsize
+    devices, nbytes = layout(tuple(t.shape), itemsize, t._sharding, 0, True, rt.client.num_devices)
+    local = rt.addressable_device_ids()
+    held = len(local) if devices is None else len(set(devices).intersection(local))
+    return nbytes * held
+
+
 def _pending_device_bytes(rt: SimRuntime) -> list[int]:
     """Per device: values computed since the last sync, alive, with no buffer yet."""
-    totals = [0] * rt.spec.num_devices
+    num_devices = rt.client.num_devices
+    totals = [0] * num_devices
     seen: set[int] = set()
     for ref in rt.graphs.pending:
         t = ref()
         if t is None or t._node is None or t._buf is not None or id(t) in seen:
             continue
         seen.add(id(t))
-        devices, nbytes = layout_of(t, rt.spmd, rt.spec.num_devices)
-        for d in range(rt.spec.num_devices) if devices is None else devices:
+        devices, nbytes = layout_of(t, rt.spmd, num_devices)
+        for d in range(num_devices) if devices is None else devices:
             totals[d] += nbytes
     return totals
 
 
-def _per_chip(rt: SimRuntime, per_device: list[int]) -> list[int]:
-    k = rt.spec.devices_per_chip
-    return [sum(per_device[c * k : (c + 1) * k]) for c in range(rt.spec.num_chips)]
+def _per_chip(spec: SliceSpec, per_device: list[int]) -> list[int]:
+    k = spec.devices_per_chip
+    return [sum(per_device[c * k : (c + 1) * k]) for c in range(spec.num_chips)]
+
+
+def _slice(rt: SimRuntime) -> SliceSpec:
+    """The TPU slice whose chips hold the devices (the PJRT CPU client has no HBM)."""
+    spec = rt.client.spec
+    if spec is None:
+        raise RuntimeError(
+            f"xlasim: this process runs the PJRT {rt.client.device_type} client "
+            "(PJRT_DEVICE), whose devices are host memory: there is no per-chip HBM to report"
+        )
+    return spec
 
 
 def report(rt: SimRuntime) -> list[dict[str, Any]]:
     """One row per chip: index, coords, bytes of buffers, pending bytes, capacity, fraction."""
-    spec = rt.spec
+    spec = _slice(rt)
     attrs = device_attributes(spec)
     used = rt.memory.chip_bytes()
-    pending = _per_chip(rt, _pending_device_bytes(rt))
+    pending = _per_chip(spec, _pending_device_bytes(rt))
     return [
         {
             "chip": chip,
@@ -117,13 +143,16 @@ def device_memory_info(device: torch.device) -> dict[str, int]:
     """Device memory as ``xm.get_memory_info`` reports it for a simulated chip's device: bytes
     of live device buffers there, the generation's HBM per chip as the limit."""
     rt = state.current()
+    if not rt.client.is_tpu:
+        # PJRT's CPU client keeps no allocator statistics.
+        raise RuntimeError("Bad StatusOr access: UNIMPLEMENTED: GetAllocatorStats is not supported")
     index = device.index or 0
     used = rt.memory.device_bytes()[index]
     peaks = rt.memory.peak_bytes
     peaks[index] = max(peaks.get(index, 0), used)
     return {
         "bytes_used": used,
-        "bytes_limit": rt.spec.hbm_bytes_per_chip,
+        "bytes_limit": _slice(rt).hbm_bytes_per_chip,
         "peak_bytes_used": peaks[index],
     }
 

@@ -18,6 +18,7 @@ import torch
 
 from tpu_backend.topology import SliceSpec
 from xlasim.runtime import autocast, state
+from xlasim.runtime.client import Client, cpu_client, tpu_client
 from xlasim.runtime.device import check_autograd_engine, ensure_device_guard, release_graph_tasks
 from xlasim.runtime.tensor import FACTORY_KERNELS, device_indices, wrap_data, xla_device
 
@@ -43,9 +44,11 @@ def detach_device() -> None:
 
 
 @contextlib.contextmanager
-def _scratch_runtime(spec: SliceSpec) -> Iterator[None]:
-    """A throwaway runtime for the simulator's own backward passes, so that no state leaks."""
+def _scratch_runtime(spec: SliceSpec, client: Client | None = None) -> Iterator[None]:
+    """A throwaway runtime for the simulator's own backward passes, so that no state leaks
+    (a TPU host of ``spec`` unless ``client`` is given)."""
     scratch = state.SimRuntime(spec)
+    scratch.start(client or tpu_client(spec, 0))
     state.push(scratch)
     try:
         yield
@@ -73,11 +76,13 @@ def _release_graph_tasks_at_exit(spec: SliceSpec, pid: int) -> None:
     """
     if os.getpid() != pid:
         return  # a forked child: the device threads stayed in the parent
+    indices = device_indices()
+    # The program may have run on a PJRT CPU client with more devices than a TPU host has: the
+    # scratch runtime's client has every device a backward pass used.
+    client = cpu_client(max(indices, default=0) + 1)
     try:
-        with _scratch_runtime(spec):
-            release_graph_tasks(
-                lambda index: wrap_data(torch.zeros(1), xla_device(index)), device_indices()
-            )
+        with _scratch_runtime(spec, client):
+            release_graph_tasks(lambda index: wrap_data(torch.zeros(1), xla_device(index)), indices)
     except Exception as exc:  # exit goes on; say why it may not be clean
         print(
             f"xlasim: could not wait for autograd's device threads at exit: {exc!r}",
