@@ -43,14 +43,47 @@ def stable_id(obj: Any) -> int:
 
 
 class Node:
-    """A pending IR value: the op that makes a tensor and the values it consumes."""
+    """A pending IR value: the op that makes a tensor and the values it consumes.
 
-    __slots__ = ("hash", "op", "inputs")
+    ``call`` is set only while ops are recorded for a compiler (``RECORD_CALLS``): the op's
+    arguments with each tensor replaced by an :class:`InputRef`, and which output this is.
+    """
 
-    def __init__(self, hash_: int, op: Any, inputs: tuple[Any, ...]) -> None:
+    __slots__ = ("hash", "op", "inputs", "call")
+
+    def __init__(
+        self, hash_: int, op: Any, inputs: tuple[Any, ...], call: RecordedCall | None = None
+    ) -> None:
         self.hash = hash_
         self.op = op
         self.inputs = inputs
+        self.call = call
+
+
+# Switched on by the TPU compiler layer: nodes then keep their op's arguments so the graph can
+# be replayed for the compiler. Off, recording costs nothing.
+RECORD_CALLS = False
+
+
+class InputRef:
+    """A tensor argument of a recorded op: its position in ``Node.inputs``; for device data
+    also the tensor (weakly: identity decides buffer donation) and its sharding then."""
+
+    __slots__ = ("index", "tensor", "sharding")
+
+    def __init__(self, index: int, tensor: Any = None, sharding: Any = None) -> None:
+        self.index = index
+        self.tensor = tensor
+        self.sharding = sharding
+
+
+@dataclass(frozen=True)
+class RecordedCall:
+    """One op call as recorded: shared by the nodes of its outputs (``index`` tells which)."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    index: int
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
-from xlasim import _errors, _runtime
+from xlasim import _errors, _graph, _runtime
 from xlasim._device import FactoryKernels, set_wrapper_meta
-from xlasim._graph import Node, stable_id
+from xlasim._graph import InputRef, Node, RecordedCall, stable_id
 
 aten = torch.ops.aten
 
@@ -166,7 +166,7 @@ def _leaf_entry(t: XlaSimTensor) -> tuple[Any, tuple[Any, ...], int]:
 class _Call:
     """Unwraps one op's arguments, remembering its xla inputs for the IR node."""
 
-    __slots__ = ("device", "inputs", "hashes", "elems", "keys")
+    __slots__ = ("device", "inputs", "hashes", "elems", "keys", "refs")
 
     def __init__(self) -> None:
         self.device: torch.device | None = None
@@ -174,6 +174,8 @@ class _Call:
         self.hashes: list[int] = []
         self.elems: dict[int, XlaSimTensor] = {}
         self.keys: list[Any] = []
+        # id(xla tensor) -> its InputRef, kept only while calls are recorded for a compiler.
+        self.refs: dict[int, InputRef] | None = {} if _graph.RECORD_CALLS else None
 
     def unwrap(self, a: Any) -> Any:
         if type(a) is XlaSimTensor:
@@ -189,6 +191,9 @@ class _Call:
             else:
                 self.inputs.append(node)
                 self.hashes.append(node.hash)
+            if self.refs is not None:
+                leaf = weakref.ref(a) if node is None else None
+                self.refs[id(a)] = InputRef(len(self.inputs) - 1, leaf, a._sharding)
             return elem
         if type(a) is list or type(a) is tuple:
             if a and isinstance(a[0], torch.Tensor):
@@ -207,6 +212,7 @@ def _run(func, args, kwargs):
     call = _Call()
     unwrap = call.unwrap
     cargs = [unwrap(a) for a in args]
+    user_kwargs = kwargs
     takes_generator = _RANDOM_OPS.get(func)
     if takes_generator is None:
         takes_generator = _RANDOM_OPS[func] = _has_generator_arg(func)
@@ -227,11 +233,12 @@ def _run(func, args, kwargs):
     inputs = tuple(call.inputs)
     device = call.device or xla_device(runtime.default_device_index)
     pending = runtime.graphs.pending
+    record = None if call.refs is None else _recorded_args(call.refs, args, user_kwargs)
     if type(out) is torch.Tensor:
-        return _wrap_output(out, 0, func, base, inputs, device, call.elems, pending)
+        return _wrap_output(out, 0, func, base, inputs, device, call.elems, pending, record)
     if isinstance(out, (tuple, list)):
         return type(out)(
-            _wrap_output(o, i, func, base, inputs, device, call.elems, pending)
+            _wrap_output(o, i, func, base, inputs, device, call.elems, pending, record)
             if isinstance(o, torch.Tensor)
             else o
             for i, o in enumerate(out)
@@ -239,8 +246,23 @@ def _run(func, args, kwargs):
     return out
 
 
-def _wrap_output(o, index, func, base, inputs, device, elems, pending):
-    node = Node(hash((base, index, tuple(o.shape), stable_id(o.dtype))), func, inputs)
+def _recorded_args(refs: dict[int, InputRef], args: Any, kwargs: dict[str, Any]) -> Any:
+    """The op's arguments with its xla tensors replaced by their InputRefs (the user's
+    kwargs, before the simulator adds its generator)."""
+
+    def swap(a: Any) -> Any:
+        if type(a) is XlaSimTensor:
+            return refs[id(a)]
+        if type(a) is list or type(a) is tuple:
+            return type(a)(swap(x) for x in a)
+        return a
+
+    return tuple(swap(a) for a in args), {k: swap(v) for k, v in kwargs.items()}
+
+
+def _wrap_output(o, index, func, base, inputs, device, elems, pending, record=None):
+    call = None if record is None else RecordedCall(record[0], record[1], index)
+    node = Node(hash((base, index, tuple(o.shape), stable_id(o.dtype))), func, inputs, call)
     existing = elems.get(id(o))
     if existing is not None:  # in-place / out= ops hand back their input
         if existing.shape != o.shape or existing.stride() != o.stride():
@@ -281,8 +303,16 @@ def wrap_factory(elem: torch.Tensor, device: torch.device | None) -> XlaSimTenso
     """A tensor made on the device by a factory op: pending IR, like torch_xla's constants."""
     t = wrap_data(elem, device)
     runtime = _runtime.current()
+    call = (
+        RecordedCall((tuple(elem.shape),), {"dtype": elem.dtype}, 0)
+        if _graph.RECORD_CALLS
+        else None
+    )
     t._node = Node(
-        hash((stable_id("factory"), tuple(elem.shape), stable_id(elem.dtype))), "aten::empty", ()
+        hash((stable_id("factory"), tuple(elem.shape), stable_id(elem.dtype))),
+        "aten::empty",
+        (),
+        call,
     )
     runtime.graphs.pending.append(weakref.ref(t))
     return t
