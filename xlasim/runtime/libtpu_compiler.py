@@ -20,7 +20,6 @@ the representation torch_xla itself compiles with, so any tile assignment carrie
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import tempfile
@@ -330,7 +329,8 @@ def jax_function(module: torch.fx.GraphModule) -> Any:
                 else:  # operator.getitem on a multi-output op
                     env[n] = n.target(*a, **k)
             elif n.op == "output":
-                return list(torch.fx.node.map_arg(n.args[0], env.__getitem__))
+                out = torch.fx.node.map_arg(n.args[0], env.__getitem__)
+                return list(out) if isinstance(out, (list, tuple)) else [out]
         raise AssertionError("an FX graph ends with its output node")
 
     return run
@@ -450,14 +450,22 @@ def biggest_buffers(report: str, limit: int = 5) -> tuple[list[dict[str, str]], 
 _ARGUMENT_LABEL = re.compile(r"^Argument (\d+) ")
 
 
-def _describe_buffer(row: dict[str, str], inputs: Sequence[GraphInput]) -> str:
+# libtpu's message when one buffer alone overflows names the program operand.
+_OPERAND = re.compile(r"index: (\d+), kind: input")
+
+
+def _describe_buffer(
+    row: dict[str, str], inputs: Sequence[GraphInput], position: int | None = None
+) -> str:
     text = f"  {row['size']:>8} {row['shape']}"
     argument = _ARGUMENT_LABEL.match(row["label"])
-    if argument and int(argument[1]) < len(inputs):
-        given = inputs[int(argument[1])]
+    if argument:
+        position = int(argument[1])
+    if position is not None and position < len(inputs):
+        given = inputs[position]
         sharding = given.sharding.to_string() if given.sharding is not None else "{replicated}"
         return (
-            f"{text} graph input {argument[1]}: shape {list(given.shape)} "
+            f"{text} graph input {position}: shape {list(given.shape)} "
             f"{str(given.dtype).replace('torch.', '')} sharding {sharding}"
         )
     return f"{text} {row['operator'] or row['label']}"
@@ -549,10 +557,22 @@ class LibtpuCompiler:
         # libtpu's fast out-of-memory exit names no buffer; compiling again without stopping
         # at the first overflow writes its full report (largest allocations) to the log.
         figures = None
-        with contextlib.suppress(Exception):  # the first error is the one to report
+        detail = ""
+        try:
             figures = self._figures(lowered.compile(_NO_CRASH_ON_OOM), 0, "", 0.0, 0.0)
+        except Exception as exc:  # noqa: BLE001 - e.g. one input alone larger than HBM
+            detail = str(exc).strip()
         report = _oom_report(_log_since(offset))
         lines = [f"Bad StatusOr access: {message.strip()}"]
+        if detail:
+            lines.append(detail.splitlines()[0])
+            operand = _OPERAND.search(detail)
+            if operand and int(operand[1]) < len(inputs):
+                lines.append(
+                    _describe_buffer(
+                        {"size": "", "shape": "", "label": ""}, inputs, int(operand[1])
+                    ).strip()
+                )
         if figures is not None:
             lines.append(
                 f"per chip: arguments {figures.argument_bytes:,} B, outputs "
