@@ -19,11 +19,11 @@ if importlib.util.find_spec("jax") is None or importlib.util.find_spec("libtpu")
 
 import xlasim  # noqa: E402
 from tpu_backend.topology import parse_slice  # noqa: E402
-from xlasim import _graph  # noqa: E402
-from xlasim._spmd.device_layout import device_attributes  # noqa: E402
-from xlasim._spmd.mesh import Mesh  # noqa: E402
 from xlasim.runtime import aten_to_jax  # noqa: E402
+from xlasim.runtime import graph as _graph  # noqa: E402
 from xlasim.runtime import libtpu_compiler as lc  # noqa: E402
+from xlasim.sharding.device_layout import device_attributes  # noqa: E402
+from xlasim.sharding.mesh import Mesh  # noqa: E402
 
 aten = torch.ops.aten
 

@@ -14,18 +14,18 @@ import pytest
 import torch
 
 from tpu_backend.topology import parse_slice
-from xlasim._spmd import device_attributes
-from xlasim._spmd.device_mesh import create_device_mesh, create_hybrid_device_mesh
-from xlasim._spmd.memory import human_bytes, tensor_device_bytes
-from xlasim._spmd.mesh import Mesh
-from xlasim._spmd.op_sharding import (
+from xlasim.runtime.memory import human_bytes, tensor_device_bytes
+from xlasim.sharding import device_attributes
+from xlasim.sharding.device_mesh import create_device_mesh, create_hybrid_device_mesh
+from xlasim.sharding.mesh import Mesh
+from xlasim.sharding.op_sharding import (
     OpSharding,
     ProtoType,
     padded_shard,
     replica_and_indices,
     shard_shape,
 )
-from xlasim._spmd.tensor_sharding import TensorSharding
+from xlasim.sharding.tensor_sharding import TensorSharding
 
 
 def test_v4_8_device_attributes_match_the_torch_xla_docs():
@@ -208,7 +208,7 @@ def _fake_runtime(topology: str, accelerator: str, hbm_bytes: int):
 
 
 def test_chip_accounting_and_out_of_memory():
-    from xlasim._spmd import memory
+    from xlasim.runtime import memory
 
     rt = _fake_runtime("2x2", "v5e", hbm_bytes=1000)
     mesh = Mesh(np.arange(4), (4,), ("d",), num_devices=4)

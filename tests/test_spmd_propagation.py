@@ -22,7 +22,7 @@ def test_output_shardings_known_exactly():
         import torch_xla.distributed.spmd as xs
         import torch_xla.runtime as xr
 
-        from xlasim._spmd.propagation import UNKNOWN, output_sharding
+        from xlasim.sharding.propagation import UNKNOWN, output_sharding
 
         xr.use_spmd()
         mesh = xs.Mesh(np.arange(4), (2, 2), ("x", "y"))
@@ -43,7 +43,7 @@ def test_output_shardings_known_exactly():
 
 @pytest.mark.parametrize("text", ["{devices=[2,2]0,1,2,3}", PARTIAL_X, "{replicated}", "{manual}"])
 def test_spec_strings_parse_back(text):
-    from xlasim._spmd.propagation import parse_spec
+    from xlasim.sharding.propagation import parse_spec
 
     assert parse_spec(text).to_string() == text
     assert parse_spec("") is None

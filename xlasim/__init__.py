@@ -28,8 +28,8 @@ _LAZY = {
     "clear_recompilations": "xlasim.recompilation",
     "recompilation_report": "xlasim.recompilation",
     "recompilations": "xlasim.recompilation",
-    "chip_memory": "xlasim._spmd.memory",
-    "enforce_hbm": "xlasim._spmd.memory",
+    "chip_memory": "xlasim.runtime.memory",
+    "enforce_hbm": "xlasim.runtime.memory",
 }
 
 
@@ -51,13 +51,13 @@ def register_xla_device() -> None:
     training before simulating, because autograd fixes its set of devices at the first
     backward pass of a process.
     """
-    from xlasim._device import ensure_device_guard
+    from xlasim.runtime.device import ensure_device_guard
 
     ensure_device_guard()
 
 
 def current_runtime():
     """The active simulated runtime (``RuntimeError`` when no simulation is active)."""
-    from xlasim import _runtime
+    from xlasim.runtime import state as _runtime
 
     return _runtime.current()

@@ -78,7 +78,8 @@ def _real_torch_xla_loaded() -> bool:
 
 
 def _swap_in() -> None:
-    from xlasim import _device, _tensor
+    from xlasim.runtime import device as _device
+    from xlasim.runtime import tensor as _tensor
 
     if _real_torch_xla_loaded():
         raise RuntimeError(
@@ -95,7 +96,7 @@ def _swap_in() -> None:
 
 
 def _swap_out() -> None:
-    from xlasim import _tensor
+    from xlasim.runtime import tensor as _tensor
 
     _tensor.FACTORY_KERNELS.unregister()
     if _FINDER in sys.meta_path:
@@ -116,7 +117,9 @@ def _probe_autograd(spec: Any) -> None:
         return
     import torch
 
-    from xlasim import _device, _runtime, _tensor
+    from xlasim.runtime import device as _device
+    from xlasim.runtime import state as _runtime
+    from xlasim.runtime import tensor as _tensor
 
     scratch = _runtime.SimRuntime(spec, 0)
     _runtime.push(scratch)
@@ -149,7 +152,7 @@ class simulate:  # noqa: N801 - used like a function: `with xlasim.simulate(...)
         self._runtimes: list[Any] = []
 
     def __enter__(self) -> Any:
-        from xlasim import _runtime
+        from xlasim.runtime import state as _runtime
 
         with _lock:
             runtime = _runtime.SimRuntime(self.spec, self.host_index)
@@ -169,7 +172,7 @@ class simulate:  # noqa: N801 - used like a function: `with xlasim.simulate(...)
         return runtime
 
     def __exit__(self, *exc: object) -> None:
-        from xlasim import _runtime
+        from xlasim.runtime import state as _runtime
 
         with _lock:
             runtime = self._runtimes.pop()

@@ -26,8 +26,8 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from xlasim import _runtime
-from xlasim._graph import GraphRecord, InputInfo, Recompilation
+from xlasim.runtime import state as _runtime
+from xlasim.runtime.graph import GraphRecord, InputInfo, Recompilation
 
 __all__ = [
     "InputChange",

@@ -16,7 +16,7 @@ Only device names are normalised ('TPU:3' on the simulator is 'CPU:3' on CPU PJR
 The real runtime comes from this interpreter when it has torch_xla (the ``xla-cpu`` tox env)
 or from ``XLASIM_REAL_PYTHON`` (a python with torch_xla 2.9); otherwise the test skips.
 The simulator side uses the simulated ``torch_xla`` when the simulator core is importable,
-else the SPMD logic (``xlasim._spmd``) directly.
+else the SPMD logic (``xlasim.sharding``) directly.
 
 Run this file as ``python test_spmd_differential.py --real`` to get the real runner: cases
 as JSON on stdin, outcomes as JSON on stdout.
@@ -154,12 +154,12 @@ class _PureSpmd:
         self.n = n
 
     def Mesh(self, device_ids: Any, mesh_shape: Any, axis_names: Any = None) -> Any:  # noqa: N802
-        from xlasim._spmd.mesh import Mesh
+        from xlasim.sharding.mesh import Mesh
 
         return Mesh(device_ids, mesh_shape, axis_names, num_devices=self.n)
 
     def mark_sharding(self, t: Any, mesh: Any, partition_spec: Any) -> Any:
-        from xlasim._spmd.op_sharding import padded_shard, replica_and_indices, shard_shape
+        from xlasim.sharding.op_sharding import padded_shard, replica_and_indices, shard_shape
 
         assert len(t.shape) == len(partition_spec), (
             f"Partition spec length ({len(partition_spec)}) should be equal to the input rank "

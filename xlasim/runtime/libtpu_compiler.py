@@ -12,7 +12,7 @@ Google Cloud terms, so it is never vendored).  Nothing imports this module unles
 is asked for, so ``import xlasim`` never imports jax.
 
 Device order: libtpu's topology lists devices by chip coordinates, and the simulator's device
-ids follow the same coordinates (see ``_spmd.device_layout``); devices are matched by
+ids follow the same coordinates (see ``sharding.device_layout``); devices are matched by
 coordinates and core, never by libtpu's ``device.id`` (which numbers chips row-major over the
 whole grid).  Shardings are handed over as GSPMD ``OpSharding`` protos over that device list,
 the representation torch_xla itself compiles with, so any tile assignment carries over as is.
@@ -51,10 +51,10 @@ from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 from torch.fx.experimental.proxy_tensor import make_fx  # noqa: E402
 
 from tpu_backend.topology import SliceSpec  # noqa: E402
-from xlasim._graph import InputRef, Node, RecordedCall  # noqa: E402
-from xlasim._spmd.device_layout import device_attributes  # noqa: E402
-from xlasim._spmd.op_sharding import OpSharding, ProtoType  # noqa: E402
 from xlasim.runtime import aten_to_jax  # noqa: E402
+from xlasim.runtime.graph import InputRef, Node, RecordedCall  # noqa: E402
+from xlasim.sharding.device_layout import device_attributes  # noqa: E402
+from xlasim.sharding.op_sharding import OpSharding, ProtoType  # noqa: E402
 
 # torch_xla 2.9 partitions with GSPMD, and GSPMD shardings take any device order; Shardy (jax's
 # default) would need one mesh for all inputs.

@@ -11,7 +11,8 @@ from typing import Any
 
 import torch
 
-from xlasim import _runtime, _tensor
+from xlasim.runtime import state as _runtime
+from xlasim.runtime import tensor as _tensor
 
 
 def _rt() -> _runtime.SimRuntime:
@@ -84,7 +85,7 @@ def _xla_get_device_attributes(device: str) -> dict[str, object]:
 
 
 def _xla_get_all_device_attributes() -> list[dict[str, object]]:
-    from xlasim import _spmd
+    from xlasim import sharding as _spmd
 
     return _spmd.device_attributes(_rt().spec)
 
@@ -127,7 +128,7 @@ def _xla_tensors_from_aten(
         x = _tensor.wrap_data(t.detach().clone(), torch.device(device))
         rt.metrics.add_sample("TransferToDeviceTime", time.perf_counter_ns() - start)
         sharding = shardings[i] if shardings else None
-        from xlasim._spmd import xlac
+        from xlasim.runtime import xlac
 
         # Placement (replicated under SPMD, minibatch assembly across hosts, HBM check).
         x = xlac.place_input(x, sharding)
@@ -189,7 +190,7 @@ def _xla_get_rng_seed(device: str = "") -> int:
 
 def __getattr__(name: str) -> Any:
     # The SPMD functions live with the SPMD logic; its __all__ lists what _XLAC exposes.
-    from xlasim._spmd import xlac
+    from xlasim.runtime import xlac
 
     if name in xlac.__all__:
         return getattr(xlac, name)

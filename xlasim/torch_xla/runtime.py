@@ -12,7 +12,7 @@ import torch_xla
 import torch_xla.core.xla_model as xm
 from torch_xla.utils import utils as xu
 
-from xlasim import _runtime
+from xlasim.runtime import state as _runtime
 
 
 def _rt() -> _runtime.SimRuntime:

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch_xla import runtime as xr
 from torch_xla.utils import utils as xu
 
-from xlasim import _runtime
+from xlasim.runtime import state as _runtime
 
 _store_lock = threading.Lock()
 

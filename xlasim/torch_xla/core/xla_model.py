@@ -14,7 +14,8 @@ import torch_xla.runtime as runtime
 from torch import optim
 from typing_extensions import deprecated
 
-from xlasim import _memory, _tensor
+from xlasim.runtime import device_memory as _memory
+from xlasim.runtime import tensor as _tensor
 
 REDUCE_SUM = "sum"
 REDUCE_MUL = "mul"
@@ -30,7 +31,7 @@ class DeviceContext:
 
 
 def _get_device_context(device: str | torch.device | None = None) -> DeviceContext:
-    from xlasim import _runtime
+    from xlasim.runtime import state as _runtime
 
     contexts = _runtime.current().extras.setdefault("device_contexts", {})
     key = str(device) if device is not None else torch_xla._XLAC._xla_get_default_device()
@@ -192,14 +193,14 @@ def add_step_closure(
     Simulated execution is synchronous, so asynchronous closures run in order at the same
     point (before the synchronous ones, as torch_xla starts them first).
     """
-    from xlasim import _runtime
+    from xlasim.runtime import state as _runtime
 
     queue = _runtime.current().step_closures
     queue.append((run_async, closure, tuple(args)))
 
 
 def _run_step_closures() -> DeviceContext:
-    from xlasim import _runtime
+    from xlasim.runtime import state as _runtime
 
     runtime = _runtime.current()
     queued, runtime.step_closures = runtime.step_closures, []

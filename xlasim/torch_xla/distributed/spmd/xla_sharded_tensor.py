@@ -1,7 +1,7 @@
 """``torch_xla.distributed.spmd.xla_sharded_tensor`` on the simulator (torch_xla 2.9).
 
 Same classes, fields and behaviour as the real module; the shard data comes from the
-simulator's SPMD layer (``xlasim._spmd.xlac``) instead of PJRT buffers.
+simulator's SPMD layer (``xlasim.runtime.xlac``) instead of PJRT buffers.
 
 PYTEST_DONT_REWRITE: the asserts here are torch_xla's API (their messages are compared
 with the real ones), so pytest must not rewrite them.
@@ -22,7 +22,7 @@ from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
 from torch.utils._pytree import tree_map
 
-from xlasim._spmd import xlac as _xlac
+from xlasim.runtime import xlac as _xlac
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """``torch_xla.distributed.spmd.xla_sharding`` on the simulator (torch_xla 2.9).
 
 The functions and classes of the real module, with the same argument checks, messages and
-order.  The mesh arithmetic is ``xlasim._spmd.mesh``, the C++
-bindings are ``xlasim._spmd.xlac``; JAX/torchax interop raises NotImplementedError.
+order.  The mesh arithmetic is ``xlasim.sharding.mesh``, the C++
+bindings are ``xlasim.runtime.xlac``; JAX/torchax interop raises NotImplementedError.
 
 PYTEST_DONT_REWRITE: the asserts here are torch_xla's API (their messages are compared
 with the real ones), so pytest must not rewrite them.
@@ -23,15 +23,15 @@ from torch import Tensor
 from torch.amp import custom_bwd, custom_fwd
 from torch_xla.distributed.spmd.xla_sharded_tensor import XLAShardedTensor
 
-from xlasim._spmd import custom_ops as _custom_ops
-from xlasim._spmd import mesh as _mesh
-from xlasim._spmd import xlac as _xlac
-from xlasim._spmd.device_mesh import (
+from xlasim.runtime import custom_ops as _custom_ops
+from xlasim.runtime import xlac as _xlac
+from xlasim.sharding import mesh as _mesh
+from xlasim.sharding.device_mesh import (
     create_device_mesh,
     create_hybrid_device_mesh,
     physical_tpu_mesh,
 )
-from xlasim._spmd.mesh import (
+from xlasim.sharding.mesh import (
     PartitionSpec,
     ShardingType,
     replication_groups,

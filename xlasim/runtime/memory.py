@@ -22,8 +22,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from xlasim._spmd.device_layout import device_attributes
-from xlasim._spmd.tensor_sharding import TensorSharding
+from xlasim.sharding.device_layout import device_attributes
+from xlasim.sharding.tensor_sharding import TensorSharding
 
 _EXTRAS_KEY = "spmd_memory"
 
@@ -86,7 +86,7 @@ def tensor_device_bytes(
 
 def _live_tensors(rt: Any) -> list[Any]:
     """Every live simulated device tensor this runtime knows of."""
-    from xlasim import _tensor
+    from xlasim.runtime import tensor as _tensor
 
     seen: dict[int, Any] = {}
     registry = getattr(_tensor, "live_tensors", None)
@@ -179,7 +179,7 @@ def report(rt: Any) -> list[dict[str, Any]]:
 # -- the public face (re-exported by ``xlasim``) --------------------------------------------------
 def chip_memory() -> list[dict[str, Any]]:
     """Per-chip HBM use of the active simulated slice (see :func:`report`)."""
-    from xlasim import _runtime
+    from xlasim.runtime import state as _runtime
 
     return report(_runtime.current())
 
@@ -187,6 +187,6 @@ def chip_memory() -> list[dict[str, Any]]:
 def enforce_hbm(enabled: bool = True) -> None:
     """Make transfers that overflow a chip's HBM fail with PJRT's RESOURCE_EXHAUSTED error
     (also switched on by ``XLASIM_ENFORCE_HBM=1``)."""
-    from xlasim import _runtime
+    from xlasim.runtime import state as _runtime
 
     set_enforce(_runtime.current(), enabled)

@@ -14,9 +14,9 @@ What the simulator core calls:
 
 from __future__ import annotations
 
-from xlasim._spmd.device_layout import device_attributes
-from xlasim._spmd.op_sharding import OpSharding, ProtoType, ShardingKind
-from xlasim._spmd.tensor_sharding import TensorSharding
+from xlasim.sharding.device_layout import device_attributes
+from xlasim.sharding.op_sharding import OpSharding, ProtoType, ShardingKind
+from xlasim.sharding.tensor_sharding import TensorSharding
 
 __all__ = [
     "OpSharding",

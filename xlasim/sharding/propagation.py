@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from xlasim._spmd.op_sharding import OpSharding, ProtoType
-from xlasim._spmd.tensor_sharding import TensorSharding
+from xlasim.sharding.op_sharding import OpSharding, ProtoType
+from xlasim.sharding.tensor_sharding import TensorSharding
 
 aten = torch.ops.aten
 

@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from xlasim._spmd.tensor_sharding import TensorSharding
+from xlasim.sharding.tensor_sharding import TensorSharding
 
 if TYPE_CHECKING:
-    from xlasim._runtime import SimRuntime
+    from xlasim.runtime.state import SimRuntime
 
 _stable_ids: dict[Any, int] = {}
 
@@ -149,10 +149,11 @@ def _collect(outputs: Iterable[Node]) -> tuple[tuple[str, ...], tuple[InputInfo,
 # Library frames a graph cut is never attributed to: the simulator, torch, and the seamless
 # wrappers of ``tpu_backend`` (their ``optimizer.step()`` syncs on the user's behalf, so the
 # user's call of it is the site worth reporting).
+_XLASIM_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _LIBRARY_DIRS = (
-    os.path.dirname(__file__) + os.sep,
+    _XLASIM_DIR + os.sep,
     os.path.dirname(torch.__file__) + os.sep,
-    os.path.join(os.path.dirname(os.path.dirname(__file__)), "tpu_backend") + os.sep,
+    os.path.join(os.path.dirname(_XLASIM_DIR), "tpu_backend") + os.sep,
 )
 
 # torch_xla's in-memory compiled-graph cache holds XLA_COMPILATION_CACHE_SIZE graphs (LRU).
@@ -335,7 +336,7 @@ def _settle_output_shardings(tensors: list[Any]) -> None:
     ``UnderivedSharding``: computed as replicated, but asking for its spec raises
     NotImplementedError instead of inventing one. Tensors updated in place keep theirs.
     """
-    from xlasim._spmd import OpSharding, propagation
+    from xlasim.sharding import OpSharding, propagation
 
     for t in tensors:
         if t._sharding is None and t._aliased:

@@ -20,7 +20,7 @@ from typing import Any, Union
 
 import numpy as np
 
-from xlasim._spmd.op_sharding import OpSharding, ShardingType
+from xlasim.sharding.op_sharding import OpSharding, ShardingType
 
 # One entry per tensor dim: a mesh axis (index or name), several axes, or None (replicated).
 PartitionSpec = tuple[Union[tuple[Union[int, str], ...], int, str, None], ...]  # noqa: UP007

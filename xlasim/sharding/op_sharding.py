@@ -180,7 +180,7 @@ class OpSharding:
 
 def _count(name: str) -> None:
     """A torch_xla counter (TORCH_LAZY_COUNTER) on the active simulated runtime, if any."""
-    from xlasim import _runtime
+    from xlasim.runtime import state as _runtime
 
     rt = _runtime.active()
     if rt is not None:

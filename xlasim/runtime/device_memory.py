@@ -1,6 +1,6 @@
 """Device memory as ``xm.get_memory_info`` reports it for a simulated TPU chip.
 
-Bytes in use come from the SPMD layer's per-runtime accounting (``xlasim._spmd.memory``: live
+Bytes in use come from the SPMD layer's per-runtime accounting (``xlasim.runtime.memory``: live
 tensors transferred to or annotated on the device); the limit is the generation's HBM per chip.
 """
 
@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import torch
 
-from xlasim import _runtime
+from xlasim.runtime import state as _runtime
 
 
 def device_memory_info(device: torch.device) -> dict[str, int]:
-    from xlasim._spmd import memory
+    from xlasim.runtime import memory
 
     runtime = _runtime.current()
     index = device.index or 0

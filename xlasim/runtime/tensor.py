@@ -14,9 +14,11 @@ from typing import Any
 
 import torch
 
-from xlasim import _errors, _graph, _runtime
-from xlasim._device import FactoryKernels, set_wrapper_meta
-from xlasim._graph import InputRef, Node, RecordedCall, stable_id
+from xlasim.runtime import errors as _errors
+from xlasim.runtime import graph as _graph
+from xlasim.runtime import state as _runtime
+from xlasim.runtime.device import FactoryKernels, set_wrapper_meta
+from xlasim.runtime.graph import InputRef, Node, RecordedCall, stable_id
 
 aten = torch.ops.aten
 
@@ -359,7 +361,7 @@ def _copy_(func, args, kwargs):
         dst._elem.copy_(src, **kwargs)
         dst._node = None
         runtime.metrics.add_sample("TransferToDeviceTime", time.perf_counter_ns() - start)
-        from xlasim._spmd import memory
+        from xlasim.runtime import memory
 
         memory.check_fits(runtime, dst, None)
         return dst

@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from xlasim import _runtime
-from xlasim._spmd import hosts, memory
-from xlasim._spmd.op_sharding import (
+from xlasim.runtime import hosts, memory
+from xlasim.runtime import state as _runtime
+from xlasim.sharding.op_sharding import (
     OpSharding,
     ProtoType,
     ShardingKind,
@@ -29,7 +29,7 @@ from xlasim._spmd.op_sharding import (
     replica_and_indices,
     shard_shape,
 )
-from xlasim._spmd.tensor_sharding import TensorSharding
+from xlasim.sharding.tensor_sharding import TensorSharding
 
 __all__ = [
     "OpSharding",
@@ -54,7 +54,7 @@ __all__ = [
 def _tensor_module() -> Any:
     # Imported lazily: the core's tensor module imports the runtime, and the pure SPMD logic
     # must stay importable (and testable) without it.
-    from xlasim import _tensor
+    from xlasim.runtime import tensor as _tensor
 
     return _tensor
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from xlasim._spmd.op_sharding import OpSharding, ProtoType, replica_and_indices, shard_shape
+from xlasim.sharding.op_sharding import OpSharding, ProtoType, replica_and_indices, shard_shape
 
 
 class TensorSharding:

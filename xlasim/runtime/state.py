@@ -13,8 +13,8 @@ from typing import Any
 import torch
 
 from tpu_backend.topology import SliceSpec, tpu_host_env
-from xlasim._graph import GraphCache
-from xlasim._metrics import Metrics
+from xlasim.runtime.graph import GraphCache
+from xlasim.runtime.metrics import Metrics
 
 # Environment variables torch_xla itself reads or writes; saved on activation and restored on
 # deactivation so a simulation never leaks its SPMD mode or cache settings into the caller.
