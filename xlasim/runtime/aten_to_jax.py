@@ -494,22 +494,13 @@ lowers(aten.convolution.default)(_conv)
 
 
 @lowers(aten.convolution_backward.default)
-def _conv_backward(
-    grad: Any,
-    x: Any,
-    w: Any,
-    bias_sizes: Any,
-    stride: Any,
-    padding: Any,
-    dilation: Any,
-    transposed: bool,
-    output_padding: Any,
-    groups: int,
-    output_mask: Sequence[bool],
-) -> Any:
-    # The gradient is the VJP of the forward lowering: the same HLO XLA would build.
+def _conv_backward(grad: Any, x: Any, w: Any, bias_sizes: Any, *rest: Any) -> Any:
+    # rest: the forward's stride ... groups, then output_mask. The gradient is the VJP of the
+    # forward lowering: the same HLO XLA would build.
+    *conv, output_mask = rest
+
     def forward(x: Any, w: Any) -> Any:
-        return _conv(x, w, None, stride, padding, dilation, transposed, output_padding, groups)
+        return _conv(x, w, None, *conv)
 
     _, vjp = jax.vjp(forward, x, w)
     gx, gw = vjp(grad)
@@ -531,9 +522,22 @@ def _layer_norm(x: Any, shape: Sequence[int], weight: Any, bias: Any, eps: float
     return out, mean, rstd
 
 
-def _batch_norm_stats(x: Any, eps: float) -> tuple[Any, Any, tuple[int, ...]]:
+def _batch_norm(
+    x: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any, training: bool, eps: float
+) -> tuple[Any, Any, Any, tuple[int, ...]]:
+    """Normalised, scaled output with the mean and inverse std it used (batch or running)."""
     axes = (0,) + tuple(range(2, x.ndim))
-    return jnp.mean(x, axis=axes), lax.rsqrt(jnp.var(x, axis=axes) + eps), axes
+    if training or running_mean is None:
+        mean, rstd = jnp.mean(x, axis=axes), lax.rsqrt(jnp.var(x, axis=axes) + eps)
+    else:
+        mean, rstd = running_mean, lax.rsqrt(running_var + eps)
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    out = (x - mean.reshape(shape)) * rstd.reshape(shape)
+    if weight is not None:
+        out = out * weight.reshape(shape)
+    if bias is not None:
+        out = out + bias.reshape(shape)
+    return out, mean, rstd, axes
 
 
 @lowers(aten._native_batch_norm_legit_functional.default)
@@ -547,56 +551,27 @@ def _batch_norm_functional(
     momentum: float,
     eps: float,
 ) -> Any:
-    shape = (1, -1) + (1,) * (x.ndim - 2)
-    if training:
-        mean, rstd, axes = _batch_norm_stats(x, eps)
-        n = math.prod(x.shape[a] for a in axes)
-        var = jnp.var(x, axis=axes) * n / max(n - 1, 1)
-        new_mean = (1 - momentum) * running_mean + momentum * mean
-        new_var = (1 - momentum) * running_var + momentum * var
-    else:
-        mean, rstd = running_mean, lax.rsqrt(running_var + eps)
-        new_mean, new_var = running_mean, running_var
-    out = (x - mean.reshape(shape)) * rstd.reshape(shape)
-    if weight is not None:
-        out = out * weight.reshape(shape)
-    if bias is not None:
-        out = out + bias.reshape(shape)
-    return out, mean, rstd, new_mean, new_var
+    out, mean, rstd, axes = _batch_norm(x, weight, bias, running_mean, running_var, training, eps)
+    if not training:
+        return out, mean, rstd, running_mean, running_var
+    n = math.prod(x.shape[a] for a in axes)
+    var = jnp.var(x, axis=axes) * n / max(n - 1, 1)  # running variance is unbiased
+    new_mean = (1 - momentum) * running_mean + momentum * mean
+    return out, mean, rstd, new_mean, (1 - momentum) * running_var + momentum * var
 
 
 @lowers(aten.native_batch_norm.default)
-def _native_batch_norm(
-    x: Any,
-    weight: Any,
-    bias: Any,
-    running_mean: Any,
-    running_var: Any,
-    training: bool,
-    momentum: float,
-    eps: float,
-) -> Any:
-    # Its in-place update of the running statistics is not a graph output here (the simulator
-    # records no node for it), so only the three results are lowered.
-    if training or running_mean is None:
-        mean, rstd, _ = _batch_norm_stats(x, eps)
-    else:
-        mean, rstd = running_mean, lax.rsqrt(running_var + eps)
-    shape = (1, -1) + (1,) * (x.ndim - 2)
-    out = (x - mean.reshape(shape)) * rstd.reshape(shape)
-    if weight is not None:
-        out = out * weight.reshape(shape)
-    if bias is not None:
-        out = out + bias.reshape(shape)
-    return out, mean, rstd
+def _native_batch_norm(*args: Any) -> Any:
+    # Same arguments; its in-place update of the running statistics is not a graph output here
+    # (the simulator records no node for it), so only the three results are lowered.
+    return _batch_norm_functional(*args)[:3]
 
 
 @lowers(aten._native_batch_norm_legit_no_training.default)
 def _batch_norm_eval(
     x: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any, momentum: float, eps: float
 ) -> Any:
-    out = _batch_norm_functional(x, weight, bias, running_mean, running_var, False, momentum, eps)
-    return out[:3]
+    return _batch_norm(x, weight, bias, running_mean, running_var, False, eps)[:3]
 
 
 def _pool_windows(

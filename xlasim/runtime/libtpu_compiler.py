@@ -36,6 +36,10 @@ _TPU_ENV = {
     "JAX_PLATFORMS": "cpu",
     # Any valid type: without one libtpu logs host-bound errors (the figures do not change).
     "TPU_ACCELERATOR_TYPE": "v5litepod-16",
+    # libtpu otherwise takes /tmp/libtpu_lockfile: a second process (pytest-xdist, simulated
+    # hosts, Ray workers) fails with "ABORTED: Internal error when accessing libtpu multi-process
+    # lockfile". Compiling needs no chip, so processes can share it.
+    "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
 }
 for _name, _value in _TPU_ENV.items():
     os.environ.setdefault(_name, _value)
