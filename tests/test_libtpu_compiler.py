@@ -143,3 +143,18 @@ def test_graph_that_does_not_fit_raises_resource_exhausted_naming_the_input():
     with pytest.raises(lc.CompileOutOfMemory, match="RESOURCE_EXHAUSTED") as caught:
         compiler.compile(graph)
     assert f"graph input 0: shape [{big}] float32 sharding {{replicated}}" in str(caught.value)
+
+
+def test_a_multi_output_op_is_replayed_once(recording):
+    with xlasim.simulate(topology="2x4", accelerator="v5e"):
+        import torch_xla
+
+        dev = torch_xla.device()
+        norm = torch.nn.LayerNorm(16).to(dev)
+        x = torch.randn(4, 16).to(dev)
+        out = aten.native_layer_norm.default(x, [16], norm.weight, norm.bias, 1e-5)
+        graph = lc.replay(list(out))  # output, mean and rstd: three nodes of one call
+        torch_xla.sync()
+    targets = [n.target for n in graph.module.graph.nodes]
+    assert targets.count(aten.native_layer_norm.default) == 1
+    assert len(graph.module.graph.output_node().args[0]) == 3

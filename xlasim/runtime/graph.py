@@ -79,7 +79,8 @@ class InputRef:
 
 @dataclass(frozen=True)
 class RecordedCall:
-    """One op call as recorded: shared by the nodes of its outputs (``index`` tells which)."""
+    """One op call as recorded for one of its outputs (``index``); the outputs of one call
+    share the same ``args`` tuple, which is how a replay runs the op once."""
 
     args: tuple[Any, ...]
     kwargs: dict[str, Any]

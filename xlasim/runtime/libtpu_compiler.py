@@ -253,7 +253,8 @@ def replay(tensors: Sequence[Any]) -> ReplayedGraph:
         inputs[in_pos] = GraphInput(old.shape, old.dtype, old.sharding, donated=True)
 
     def run(*values: Any) -> list[Any]:
-        results: dict[int, Any] = {}  # id(RecordedCall) -> the op's result (shared by outputs)
+        # id(args tuple) -> the op's result: the nodes of one call's outputs share the tuple.
+        results: dict[int, Any] = {}
         env: dict[int, Any] = {}
 
         def value_of(node: Node, ref: InputRef) -> Any:
@@ -263,7 +264,7 @@ def replay(tensors: Sequence[Any]) -> ReplayedGraph:
             return env[id(node.inputs[ref.index])]
 
         for node, call in order:
-            result = results.get(id(call))
+            result = results.get(id(call.args))
             if result is None:
                 args = _substitute(call.args, node, value_of)
                 kwargs = _substitute(call.kwargs, node, value_of)
@@ -272,7 +273,7 @@ def replay(tensors: Sequence[Any]) -> ReplayedGraph:
                 else:
                     kwargs.pop("generator", None)
                     result = functional_op(node.op)(*args, **kwargs)
-                results[id(call)] = result
+                results[id(call.args)] = result
             env[id(node)] = result[call.index] if isinstance(result, (tuple, list)) else result
         return [env[id(n)] for n in roots]
 
