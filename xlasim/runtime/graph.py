@@ -339,13 +339,15 @@ def _settle_output_shardings(tensors: list[Any]) -> None:
     """
     from xlasim.sharding import OpSharding, propagation
 
+    # One propagation for the whole graph: its outputs share most of their upstream values.
+    settle = propagation.Propagation()
     for t in tensors:
         if t._sharding is None and t._aliased:
             # Updated in place: XLA aliases the input buffer, and an unannotated SPMD input
             # is replicated (how real torch_xla reports parameters after an optimizer step).
             t._sharding = TensorSharding(OpSharding.replicated(), tuple(t.shape))
         elif t._sharding is None:
-            sharding = propagation.output_sharding(t)
+            sharding = settle.output_sharding(t)
             if sharding is propagation.UNKNOWN:
                 sharding = UnderivedSharding(OpSharding.replicated(), tuple(t.shape))
             t._sharding = sharding

@@ -47,29 +47,13 @@ class XlaSimTensor(torch.Tensor):
     _leaf: Any
     _aliased: bool
 
-    __slots__ = ("_elem", "_node", "_sharding", "_seq", "_leaf", "_aliased")
+    _device: torch.device
+
+    __slots__ = ("_elem", "_node", "_sharding", "_seq", "_leaf", "_aliased", "_device")
 
     @staticmethod
     def __new__(cls, elem: torch.Tensor, device: torch.device, node: Node | None = None):
-        r = torch.Tensor._make_wrapper_subclass(
-            cls,
-            elem.size(),
-            strides=elem.stride(),
-            storage_offset=elem.storage_offset(),
-            dtype=elem.dtype,
-            layout=elem.layout,
-            device=device,
-            requires_grad=False,
-        )
-        r._elem = elem
-        r._node = node
-        r._sharding = None
-        r._leaf = None
-        # True while pending IR updates device data in place (XLA aliases that buffer).
-        r._aliased = False
-        # torch_xla orders a graph's outputs by tensor creation; so do we.
-        r._seq = next(_creation_order)
-        return r
+        return _new(elem, device, node)
 
     def __repr__(self, *, tensor_contents: Any = None) -> Any:  # type: ignore[override]
         materialize([self])
@@ -108,17 +92,79 @@ class XlaSimTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # type: ignore[override]
-        handler = _SPECIAL.get(func)
-        if handler is not None:
-            return handler(func, args, kwargs or {})
-        if func in _IDENTITY_OPS:
+        info = _op_info(func)
+        if info.handler is not None:
+            return info.handler(func, args, kwargs or {})
+        if info.identity:
             src = args[0]
-            out = XlaSimTensor(func(src._elem), src.device, src._node)
+            out = _new(info.call(src._elem), src._device, src._node)
             out._sharding = src._sharding
             if src._node is not None:
                 _runtime.current().graphs.pending.append(weakref.ref(out))
             return out
-        return _run(func, args, kwargs or {})
+        if _graph.RECORD_CALLS:
+            return _run_recorded(info, args, kwargs)
+        return _run(info, args, kwargs)
+
+
+_make_wrapper = torch.Tensor._make_wrapper_subclass
+
+
+def _new(elem: torch.Tensor, device: torch.device, node: Node | None) -> XlaSimTensor:
+    """A wrapper of ``elem`` on ``device`` (the op path's constructor: no Python ``__new__``).
+
+    Arguments go to torch positionally (size, strides, storage_offset, memory_format, dtype,
+    layout, device): keyword parsing is a good part of the call's cost.
+    """
+    r = _make_wrapper(
+        XlaSimTensor,
+        elem.size(),
+        elem.stride(),
+        elem.storage_offset(),
+        None,
+        elem.dtype,
+        elem.layout,
+        device,
+    )
+    r._elem = elem
+    r._device = device
+    r._node = node
+    r._sharding = None
+    r._leaf = None
+    # True while pending IR updates device data in place (XLA aliases that buffer).
+    r._aliased = False
+    # torch_xla orders a graph's outputs by tensor creation; so do we.
+    r._seq = next(_creation_order)
+    return r
+
+
+class _OpInfo:
+    """What the dispatcher needs to know of one op overload, worked out on its first call."""
+
+    __slots__ = ("op", "call", "key", "handler", "identity", "generator")
+
+    def __init__(self, op: Any) -> None:
+        self.op = op
+        # The overload's C++ callable: ``OpOverload.__call__`` only forwards to it.
+        self.call = getattr(op, "_op", op)
+        self.key = stable_id(op)
+        self.handler = _SPECIAL.get(op)
+        self.identity = op in _IDENTITY_OPS
+        # Simulated devices draw from the runtime's own generator, as torch_xla's device RNG
+        # is separate from the CPU one (seeded by torch_xla.manual_seed).
+        self.generator = any(a.name == "generator" for a in op._schema.arguments)
+
+
+# Keyed by id(op) (an OpOverload's own __hash__ is a Python call); the entry keeps the op
+# alive and is checked against it, so an id reused by a new object is never mistaken.
+_OPS: dict[int, _OpInfo] = {}
+
+
+def _op_info(op: Any) -> _OpInfo:
+    info = _OPS.get(id(op))
+    if info is None or info.op is not op:
+        info = _OPS[id(op)] = _OpInfo(op)
+    return info
 
 
 def _leaf_key(t: XlaSimTensor) -> tuple[Any, ...]:
@@ -165,82 +211,83 @@ def _leaf_entry(t: XlaSimTensor) -> tuple[Any, tuple[Any, ...], int]:
     return entry
 
 
-class _Call:
-    """Unwraps one op's arguments, remembering its xla inputs for the IR node."""
-
-    __slots__ = ("device", "inputs", "hashes", "elems", "keys", "refs")
-
-    def __init__(self) -> None:
-        self.device: torch.device | None = None
-        self.inputs: list[Any] = []
-        self.hashes: list[int] = []
-        self.elems: dict[int, XlaSimTensor] = {}
-        self.keys: list[Any] = []
-        # id(xla tensor) -> its InputRef, kept only while calls are recorded for a compiler.
-        self.refs: dict[int, InputRef] | None = {} if _graph.RECORD_CALLS else None
-
-    def unwrap(self, a: Any) -> Any:
-        if type(a) is XlaSimTensor:
-            if self.device is None:
-                self.device = a.device
-            elem = a._elem
-            self.elems[id(elem)] = a
-            node = a._node
-            if node is None:
-                _, key, leaf_hash = _leaf_entry(a)
-                self.inputs.append(key)
-                self.hashes.append(leaf_hash)
-            else:
-                self.inputs.append(node)
-                self.hashes.append(node.hash)
-            if self.refs is not None:
-                leaf = weakref.ref(a) if node is None else None
-                self.refs[id(a)] = InputRef(len(self.inputs) - 1, leaf, a._sharding)
-            return elem
-        if type(a) is list or type(a) is tuple:
-            if a and isinstance(a[0], torch.Tensor):
-                return type(a)(self.unwrap(x) for x in a)
-            self.keys.append(_arg_key(a))
-            return a
-        if isinstance(a, torch.device) and a.type == "xla":
-            return _CPU
-        if a is not None:
-            self.keys.append(_arg_key(a))
+def _unwrap_other(a: Any, parts: list[Any], inputs: list[Any], wrappers: list[XlaSimTensor]) -> Any:
+    """A non-tensor argument (or a list of tensors) unwrapped, its hash material recorded."""
+    if type(a) is XlaSimTensor:
+        _take(a, parts, inputs, wrappers)
+        return a._elem
+    if type(a) is list or type(a) is tuple:
+        if a and isinstance(a[0], torch.Tensor):
+            return type(a)(_unwrap_other(x, parts, inputs, wrappers) for x in a)
+        parts.append(_arg_key(a))
         return a
+    if isinstance(a, torch.device) and a.type == "xla":
+        return _CPU
+    parts.append(_arg_key(a))
+    return a
 
 
-def _run(func, args, kwargs):
+def _take(
+    t: XlaSimTensor, parts: list[Any], inputs: list[Any], wrappers: list[XlaSimTensor]
+) -> None:
+    """Records an xla input: its IR value (pending node or device-data key) and its hash."""
+    node = t._node
+    if node is None:
+        entry = _leaf_entry(t)
+        inputs.append(entry[1])
+        parts.append(entry[2])
+    else:
+        inputs.append(node)
+        parts.append(node.hash)
+    wrappers.append(t)
+
+
+def _run(info: _OpInfo, args: Any, kwargs: Any) -> Any:
+    """Runs an op on the wrapped CPU tensors and gives its results pending IR nodes.
+
+    The node hash covers the op and, in argument order, each xla input's hash and each other
+    argument's key; it is built from ints only, so it is the same in every process.
+    """
     runtime = _runtime.current()
-    call = _Call()
-    unwrap = call.unwrap
-    cargs = [unwrap(a) for a in args]
-    user_kwargs = kwargs
-    takes_generator = _RANDOM_OPS.get(func)
-    if takes_generator is None:
-        takes_generator = _RANDOM_OPS[func] = _has_generator_arg(func)
+    parts: list[Any] = [info.key]
+    inputs: list[Any] = []
+    wrappers: list[XlaSimTensor] = []
+    cargs = []
+    for a in args:
+        if type(a) is XlaSimTensor:
+            _take(a, parts, inputs, wrappers)
+            cargs.append(a._elem)
+        else:
+            cargs.append(_unwrap_other(a, parts, inputs, wrappers))
     if kwargs:
-        kwargs = {k: unwrap(v) for k, v in kwargs.items()}
-        if takes_generator and kwargs.get("generator") is None:
+        kwargs = {k: _unwrap_other(v, parts, inputs, wrappers) for k, v in kwargs.items()}
+        if info.generator and kwargs.get("generator") is None:
             kwargs["generator"] = runtime.generator
-    elif takes_generator:
+    elif info.generator:
         kwargs = {"generator": runtime.generator}
     try:
-        out = func(*cargs, **kwargs)
+        out = info.call(*cargs, **kwargs) if kwargs else info.call(*cargs)
     except RuntimeError as exc:
-        message = _errors.translate(func, tuple(cargs), exc)
+        message = _errors.translate(info.op, tuple(cargs), exc)
         if message is None:
             raise
         raise RuntimeError(message) from None
-    base = hash((stable_id(func), tuple(call.hashes), tuple(call.keys)))
-    inputs = tuple(call.inputs)
-    device = call.device or xla_device(runtime.default_device_index)
+    base = hash(tuple(parts))
+    device = wrappers[0]._device if wrappers else xla_device(runtime.default_device_index)
     pending = runtime.graphs.pending
-    record = None if call.refs is None else _recorded_args(call.refs, args, user_kwargs)
+    node_inputs = tuple(inputs)
     if type(out) is torch.Tensor:
-        return _wrap_output(out, 0, func, base, inputs, device, call.elems, pending, record)
+        for w in wrappers:  # in-place / out= ops hand back their input
+            if w._elem is out:
+                return _update(w, out, 0, info.op, base, node_inputs, pending)
+        node = Node(hash((base, 0, out.shape, _DTYPE_KEYS[out.dtype])), info.op, node_inputs)
+        t = _new(out, device, node)
+        pending.append(weakref.ref(t))
+        return t
     if isinstance(out, (tuple, list)):
+        elems = {id(w._elem): w for w in wrappers}
         return type(out)(
-            _wrap_output(o, i, func, base, inputs, device, call.elems, pending, record)
+            _wrap_output(o, i, info.op, base, node_inputs, device, elems.get(id(o)), pending)
             if isinstance(o, torch.Tensor)
             else o
             for i, o in enumerate(out)
@@ -248,45 +295,74 @@ def _run(func, args, kwargs):
     return out
 
 
-def _recorded_args(refs: dict[int, InputRef], args: Any, kwargs: dict[str, Any]) -> Any:
-    """The op's arguments with its xla tensors replaced by their InputRefs (the user's
-    kwargs, before the simulator adds its generator)."""
+class _StableIds(dict):
+    """``stable_id`` as a dict lookup (no Python call once a key has been seen)."""
 
-    def swap(a: Any) -> Any:
-        if type(a) is XlaSimTensor:
-            return refs[id(a)]
-        if type(a) is list or type(a) is tuple:
-            return type(a)(swap(x) for x in a)
-        return a
-
-    return tuple(swap(a) for a in args), {k: swap(v) for k, v in kwargs.items()}
+    def __missing__(self, key: Any) -> int:
+        value = self[key] = stable_id(key)
+        return value
 
 
-def _wrap_output(o, index, func, base, inputs, device, elems, pending, record=None):
-    call = None if record is None else RecordedCall(record[0], record[1], index)
-    node = Node(hash((base, index, tuple(o.shape), stable_id(o.dtype))), func, inputs, call)
-    existing = elems.get(id(o))
+_DTYPE_KEYS = _StableIds()
+
+
+def _update(w: XlaSimTensor, o: torch.Tensor, index, func, base, inputs, pending) -> XlaSimTensor:
+    """An in-place / out= result: the input tensor gets the new pending node."""
+    if w.shape != o.shape or w.stride() != o.stride():
+        set_wrapper_meta(w, o)
+        w._leaf = None
+    if w._node is None:
+        w._aliased = True
+    w._node = Node(hash((base, index, o.shape, _DTYPE_KEYS[o.dtype])), func, inputs)
+    pending.append(weakref.ref(w))
+    return w
+
+
+def _wrap_output(o, index, func, base, inputs, device, existing, pending):
     if existing is not None:  # in-place / out= ops hand back their input
-        if existing.shape != o.shape or existing.stride() != o.stride():
-            set_wrapper_meta(existing, o)
-            existing._leaf = None
-        if existing._node is None:
-            existing._aliased = True
-        existing._node = node
-        pending.append(weakref.ref(existing))
-        return existing
-    t = XlaSimTensor(o, device, node)
+        return _update(existing, o, index, func, base, inputs, pending)
+    node = Node(hash((base, index, o.shape, _DTYPE_KEYS[o.dtype])), func, inputs)
+    t = _new(o, device, node)
     pending.append(weakref.ref(t))
     return t
 
 
-def _has_generator_arg(op: Any) -> bool:
-    return any(a.name == "generator" for a in op._schema.arguments)
+def _run_op(func: Any, args: Any, kwargs: Any) -> Any:
+    """``_run`` for a handler that falls back to the ordinary path."""
+    if _graph.RECORD_CALLS:
+        return _run_recorded(_op_info(func), args, kwargs)
+    return _run(_op_info(func), args, kwargs)
 
 
-# op -> whether it takes a generator: simulated devices draw from the runtime's own generator,
-# as torch_xla's device RNG is separate from the CPU one (seeded by torch_xla.manual_seed).
-_RANDOM_OPS: dict[Any, bool] = {}
+def _run_recorded(info: _OpInfo, args: Any, kwargs: Any) -> Any:
+    """``_run``, keeping the op's arguments on its output nodes so a compiler can replay the
+    graph (only while ``RECORD_CALLS`` is on: it costs a second walk over the arguments).
+
+    Each xla argument becomes an ``InputRef`` to its position in ``Node.inputs``, numbered in
+    the order ``_run`` records them (positional, then keyword arguments); device data also
+    keeps a weak reference to the tensor and the sharding it has now, before the op runs.
+    """
+    count = 0
+
+    def ref(a: Any) -> Any:
+        nonlocal count
+        if type(a) is XlaSimTensor:
+            leaf = weakref.ref(a) if a._node is None else None
+            count += 1
+            return InputRef(count - 1, leaf, a._sharding)
+        if (type(a) is list or type(a) is tuple) and a and isinstance(a[0], torch.Tensor):
+            return type(a)(ref(x) for x in a)  # the lists _run takes tensors from
+        return a
+
+    recorded_args = tuple(ref(a) for a in args)
+    recorded_kwargs = {k: ref(v) for k, v in (kwargs or {}).items()}
+    out = _run(info, args, kwargs)
+    outputs = out if isinstance(out, (tuple, list)) else (out,)
+    for index, o in enumerate(outputs):
+        if type(o) is XlaSimTensor and o._node is not None:
+            # One args tuple for all outputs of the call: a replay runs the op once.
+            o._node.call = RecordedCall(recorded_args, recorded_kwargs, index)
+    return out
 
 
 def wrap_data(elem: torch.Tensor, device: torch.device | None) -> XlaSimTensor:
@@ -349,7 +425,7 @@ def _to_copy(func, args, kwargs):
         # Device to device copy: a new device-data tensor on the other device.
         materialize([src])
         return wrap_data(aten._to_copy.default(src._elem, **cpu_kwargs), target)
-    return _run(func, args, kwargs)
+    return _run_op(func, args, kwargs)
 
 
 def _copy_(func, args, kwargs):
@@ -369,7 +445,7 @@ def _copy_(func, args, kwargs):
         materialize([src])
         dst.copy_(src._elem, **kwargs)
         return dst
-    return _run(func, args, kwargs)
+    return _run_op(func, args, kwargs)
 
 
 def _local_scalar_dense(func, args, kwargs):

@@ -73,27 +73,24 @@ def _broadcast(shapes: list[tuple[int, ...]]) -> tuple[int, ...] | None:
         return None
 
 
-def infer(value: Any) -> tuple[tuple[int, ...] | None, Any]:
-    """(shape, sharding) of a graph value: a Node, or a leaf with ``shape`` and ``sharding``.
+def _leaf(value: Any) -> tuple[tuple[int, ...] | None, Any]:
+    """(shape, sharding) of a device-data leaf: InputInfo, or its (shape, dtype, spec) key."""
+    if isinstance(value, tuple):
+        shape, spec = tuple(value[0]), value[2]
+    else:
+        shape, spec = tuple(value.shape), getattr(value, "sharding", "")
+    op = parse_spec(spec)
+    return shape, (TensorSharding(op, shape) if op is not None else None)
 
-    The sharding is a TensorSharding, None (no annotation anywhere upstream) or UNKNOWN.
-    """
-    inputs = getattr(value, "inputs", None)
-    if inputs is None:  # a device-data leaf: InputInfo, or its (shape, dtype, spec) key
-        if isinstance(value, tuple):
-            shape, spec = tuple(value[0]), value[2]
-        else:
-            shape, spec = tuple(value.shape), getattr(value, "sharding", "")
-        op = parse_spec(spec)
-        return shape, (TensorSharding(op, shape) if op is not None else None)
-    parts = [infer(i) for i in inputs]
+
+def _combine(op: Any, parts: list[tuple[Any, Any]]) -> tuple[tuple[int, ...] | None, Any]:
+    """(shape, sharding) of an op's output from its inputs' (shape, sharding)."""
     shardings = [s for _, s in parts]
     if all(s is None or (s is not UNKNOWN and s.is_replicated) for s in shardings):
         return None, None  # nothing sharded upstream: the output is replicated
-    name = _op_name(value.op)
     shapes = [shape for shape, _ in parts]
-    if name in _ELEMENTWISE_NAMES and all(shape is not None for shape in shapes):
-        out_shape = _broadcast(shapes)  # type: ignore[arg-type]
+    if _op_name(op) in _ELEMENTWISE_NAMES and all(shape is not None for shape in shapes):
+        out_shape = _broadcast(shapes)
         tiled = [
             s
             for (shape, s) in parts
@@ -112,17 +109,54 @@ def infer(value: Any) -> tuple[tuple[int, ...] | None, Any]:
     return None, UNKNOWN
 
 
+class Propagation:
+    """Infers graph values' (shape, sharding), each value once however many consumers it has.
+
+    One instance serves one sync: the memo is keyed by the values' ids, which stay valid while
+    the graph being settled holds them.  The walk is iterative, so graph depth is unbounded.
+    """
+
+    def __init__(self) -> None:
+        self._memo: dict[int, tuple[Any, Any]] = {}
+
+    def infer(self, value: Any) -> tuple[tuple[int, ...] | None, Any]:
+        """(shape, sharding) of a graph value: a Node, or a leaf with ``shape`` and
+        ``sharding``.  The sharding is a TensorSharding, None (no annotation anywhere
+        upstream) or UNKNOWN."""
+        memo = self._memo
+        stack: list[tuple[Any, bool]] = [(value, False)]
+        while stack:
+            item, expanded = stack.pop()
+            key = id(item)
+            if key in memo:
+                continue
+            inputs = getattr(item, "inputs", None)
+            if inputs is None:
+                memo[key] = _leaf(item)
+            elif expanded:
+                memo[key] = _combine(item.op, [memo[id(i)] for i in inputs])
+            else:
+                stack.append((item, True))
+                stack.extend((i, False) for i in inputs if id(i) not in memo)
+        return memo[id(value)]
+
+    def output_sharding(self, t: Any) -> Any:
+        """The sharding real torch_xla reports for graph output ``t`` after the step: a
+        TensorSharding (replicated when nothing upstream is sharded) or UNKNOWN."""
+        node = getattr(t, "_node", None)
+        if node is None:
+            return t._sharding
+        shape, sharding = self.infer(node)
+        if sharding is None:
+            return TensorSharding(OpSharding.replicated(), tuple(t.shape))
+        if t.dim() == 0:  # a rank-0 value cannot be tiled
+            return TensorSharding(OpSharding.replicated(), ())
+        if sharding is UNKNOWN or shape != tuple(t.shape):
+            return UNKNOWN
+        return sharding
+
+
 def output_sharding(t: Any) -> Any:
-    """The sharding real torch_xla reports for graph output ``t`` after the step: a
-    TensorSharding (replicated when nothing upstream is sharded) or UNKNOWN."""
-    node = getattr(t, "_node", None)
-    if node is None:
-        return t._sharding
-    shape, sharding = infer(node)
-    if sharding is None:
-        return TensorSharding(OpSharding.replicated(), tuple(t.shape))
-    if t.dim() == 0:  # a rank-0 value cannot be tiled
-        return TensorSharding(OpSharding.replicated(), ())
-    if sharding is UNKNOWN or shape != tuple(t.shape):
-        return UNKNOWN
-    return sharding
+    """:meth:`Propagation.output_sharding` for one tensor (a sync settles all its outputs
+    with one :class:`Propagation`)."""
+    return Propagation().output_sharding(t)
