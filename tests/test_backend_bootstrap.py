@@ -25,6 +25,7 @@ from tpu_backend.bootstrap import (
     assign_hosts,
     spec_from_probes,
 )
+from tpu_backend.machine import real_torch_xla_unavailable
 from tpu_backend.topology import parse_slice
 
 
@@ -174,17 +175,10 @@ _REAL_CONFIGURE = textwrap.dedent(
 )
 
 
-def _real_torch_xla_available() -> bool:
-    # find_spec, not import: importing real torch_xla here would start its runtime in the
-    # pytest process.
-    import importlib.util
-
-    spec = importlib.util.find_spec("torch_xla")
-    return spec is not None and "xlasim" not in (spec.origin or "")
-
-
 @pytest.mark.xla_cpu
-@pytest.mark.skipif(not _real_torch_xla_available(), reason="real torch_xla 2.9 not installed")
+@pytest.mark.skipif(
+    real_torch_xla_unavailable() is not None, reason=str(real_torch_xla_unavailable())
+)
 def test_per_chip_env_equals_real_torch_xla_configure_topology(monkeypatch):
     from tpu_backend.topology import tpu_host_env
 

@@ -16,8 +16,7 @@ from ray.train.torch import TorchConfig  # noqa: E402
 from ray.train.torch import TorchTrainer as RayTorchTrainer  # noqa: E402
 
 import tpu_backend  # noqa: E402
-from tpu_backend.backend import TPUXLABackend  # noqa: E402
-from tpu_backend.config import TPUTorchConfig  # noqa: E402
+from tpu_backend.config import TPUTorchConfig, TPUXLABackend  # noqa: E402
 from tpu_backend.mesh import plan_mesh  # noqa: E402
 from tpu_backend.topology import default_mesh, parse_slice  # noqa: E402
 

@@ -11,6 +11,7 @@ import pytest
 pytest.importorskip("ray.train")
 
 import ray  # noqa: E402
+from docs_examples import cluster_driver_command, env_for, python_examples, run  # noqa: E402
 from ray.train import RunConfig, ScalingConfig  # noqa: E402
 
 import tpu_backend  # noqa: E402
@@ -18,6 +19,7 @@ from xlasim import demo  # noqa: E402
 from xlasim.ray_cluster import (  # noqa: E402
     error_chain_text,
     fit_with_deadline,
+    release_placement_groups,
     simulated_tpu_cluster,
 )
 
@@ -142,3 +144,20 @@ def test_compilation_cache_is_opened_at_bootstrap(v6e_8_cluster, tmp_path):
     (version_dir,) = (cache / "v6e-8-2x4").iterdir()
     assert version_dir.name.startswith("torch_xla-")
     assert any(version_dir.iterdir()), "no compiled program was written to the cache"
+
+
+@pytest.mark.parametrize(
+    "example",
+    [e for e in python_examples() if e.mode == ("ray-cluster", "2x4", "v6e")],
+    ids=lambda e: e.name,
+)
+def test_docs_example_trains_on_the_cluster(v6e_8_cluster, tmp_path, example):
+    """The documentation's Ray examples, as written, driving this module's cluster (the
+    other examples run in tests/test_docs.py)."""
+    try:
+        result = run(
+            cluster_driver_command(example, v6e_8_cluster.address), tmp_path, env_for(tmp_path)
+        )
+    finally:
+        release_placement_groups()  # a failed run must not hold the host's TPUs
+    assert result.returncode == 0, f"{example.name} failed:\n{result.stdout}"

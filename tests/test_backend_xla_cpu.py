@@ -11,22 +11,18 @@ import sys
 
 import pytest
 
+from tpu_backend.machine import real_torch_xla_unavailable
+
 pytest.importorskip("ray.train")
-
-
-def _real_torch_xla() -> bool:
-    # The plugin's check: the torch_xla on sys.path is the real package, ABI-matched to torch
-    # (a path test on "xlasim" would also reject envs whose directory is named after it).
-    from xlasim.pytest_plugin import real_torch_xla_unavailable
-
-    return real_torch_xla_unavailable() is None
 
 
 pytestmark = [
     pytest.mark.xla_cpu,
     pytest.mark.timeout(900),
     pytest.mark.xdist_group("ray"),  # one Ray cluster at a time on this machine
-    pytest.mark.skipif(not _real_torch_xla(), reason="real torch_xla 2.9 is not installed"),
+    pytest.mark.skipif(
+        real_torch_xla_unavailable() is not None, reason=str(real_torch_xla_unavailable())
+    ),
 ]
 
 CPU_DEVICES = 4
@@ -38,7 +34,9 @@ def local_ray():
 
     if ray.is_initialized():
         pytest.skip("ray is already initialized in this process")
+    # address="local": a new cluster of its own, never one another process started here.
     ray.init(
+        address="local",
         num_cpus=2,
         include_dashboard=False,
         object_store_memory=80 * 1024 * 1024,

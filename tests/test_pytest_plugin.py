@@ -1,9 +1,9 @@
 """The xlasim pytest plugin, driven through pytester.
 
 Most runs are in-process (``pytester.runpytest``) so a test can force a target's availability
-probe (``real_torch_xla_unavailable``, ``PCI_DEVICES_ROOT``) with monkeypatch.  With the probe
-forced, the ``xla_cpu`` target really spawns its child pytest; bodies that never import
-torch_xla then run there even where real torch_xla is not installed.
+probe (``real_torch_xla_unavailable``, ``tpu_backend.machine.PCI_DEVICES_ROOT``) with
+monkeypatch.  With the probe forced, the ``xla_cpu`` target really spawns its child pytest;
+bodies that never import torch_xla then run there even where real torch_xla is not installed.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tpu_backend import machine
 from xlasim import pytest_plugin as plugin
 
 pytest_plugins = ["pytester"]
@@ -70,7 +71,7 @@ def no_real_xla(monkeypatch: pytest.MonkeyPatch) -> str:
 def no_tpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     root = tmp_path / "no-pci"
     root.mkdir()
-    monkeypatch.setattr(plugin, "PCI_DEVICES_ROOT", str(root))
+    monkeypatch.setattr(machine, "PCI_DEVICES_ROOT", str(root))
     return root
 
 
@@ -224,7 +225,7 @@ def test_tpu_with_other_chip_count_is_skipped(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     root = _fake_pci(tmp_path / "pci", [("0x1ae0", "0x006f")] * 8)
-    monkeypatch.setattr(plugin, "PCI_DEVICES_ROOT", str(root))
+    monkeypatch.setattr(machine, "PCI_DEVICES_ROOT", str(root))
     pytester.makepyfile("def test_a(xla_target): raise AssertionError('must not run')")
     result = run(pytester, "--xla-targets", "tpu")
     result.assert_outcomes(skipped=1)
@@ -240,7 +241,7 @@ def test_tpu_with_matching_chips_still_needs_real_torch_xla(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, no_real_xla: str
 ) -> None:
     root = _fake_pci(tmp_path / "pci", [("0x1ae0", "0x005e")] * 4)
-    monkeypatch.setattr(plugin, "PCI_DEVICES_ROOT", str(root))
+    monkeypatch.setattr(machine, "PCI_DEVICES_ROOT", str(root))
     pytester.makepyfile("def test_a(xla_target): raise AssertionError('must not run')")
     result = run(pytester, "--xla-targets", "tpu", "--topology", "2x2x1", "--accelerator", "v4")
     result.assert_outcomes(skipped=1)
@@ -257,8 +258,8 @@ def test_count_tpu_chips_reads_pci_like_torch_xla(tmp_path: Path) -> None:
             ("0x8086", "0x005e"),  # another vendor
         ],
     )
-    assert plugin.count_tpu_chips(root) == 2
-    assert plugin.count_tpu_chips(tmp_path / "missing") == 0
+    assert machine.count_tpu_chips(root) == 2
+    assert machine.count_tpu_chips(tmp_path / "missing") == 0
 
 
 # ---------------------------------------------------------------------------------------------

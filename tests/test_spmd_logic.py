@@ -15,7 +15,8 @@ import torch
 
 from tpu_backend.topology import parse_slice
 from xlasim.runtime.memory import human_bytes, tensor_device_bytes
-from xlasim.sharding import device_attributes
+from xlasim.runtime.state import MemoryState
+from xlasim.sharding.device_layout import device_attributes
 from xlasim.sharding.device_mesh import create_device_mesh, create_hybrid_device_mesh
 from xlasim.sharding.mesh import Mesh
 from xlasim.sharding.op_sharding import (
@@ -204,7 +205,7 @@ def _fake_runtime(topology: str, accelerator: str, hbm_bytes: int):
     from types import SimpleNamespace
 
     spec = dataclasses.replace(parse_slice(topology, accelerator), hbm_bytes_per_chip=hbm_bytes)
-    return SimpleNamespace(spec=spec, extras={}, spmd=True)
+    return SimpleNamespace(spec=spec, memory=MemoryState(), spmd=True)
 
 
 def test_chip_accounting_and_out_of_memory():
@@ -214,7 +215,7 @@ def test_chip_accounting_and_out_of_memory():
     mesh = Mesh(np.arange(4), (4,), ("d",), num_devices=4)
     big = torch.zeros(10, 40)  # 1600 bytes: does not fit replicated
     sharded = TensorSharding(mesh.get_op_sharding(("d", None)), big.shape)
-    memory.set_enforce(rt, True)
+    rt.memory.enforce = True
     memory.check_fits(rt, big, sharded)  # 3 padded rows = 480 bytes per chip: fits
     big._sharding = sharded
     assert memory.chip_bytes(rt) == [480, 480, 480, 480]
@@ -232,6 +233,6 @@ def test_chip_accounting_and_out_of_memory():
         (2, [0, 1, 0], 480),
         (3, [1, 1, 0], 480),
     ]
-    memory.set_enforce(rt, False)
+    rt.memory.enforce = False
     memory.check_fits(rt, second, None)  # accounting only
     assert memory.chip_bytes(rt) == [2080] * 4  # over capacity, counted, not refused

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import importlib.util
+import importlib.machinery
 import json
 import math
 import os
@@ -21,6 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tpu_backend.machine import real_torch_xla_unavailable
 from tpu_backend.topology import (
     ACCELERATORS,
     DEFAULT_ACCELERATOR,
@@ -186,7 +187,9 @@ V2_V3_TOPOLOGIES = {
 
 
 def _installed_torch_xla_host_bounds() -> dict[str, str] | None:
-    spec = importlib.util.find_spec("torch_xla")
+    if real_torch_xla_unavailable() is not None:
+        return None
+    spec = importlib.machinery.PathFinder.find_spec("torch_xla")
     if spec is None or not spec.submodule_search_locations:
         return None
     source = Path(next(iter(spec.submodule_search_locations)), "_internal", "tpu.py")
@@ -225,7 +228,7 @@ def test_real_v4_256_metadata_bounds() -> None:
 
 def _reference_python() -> str | None:
     """An interpreter with real torch_xla: this one, or $XLASIM_REFERENCE_PYTHON."""
-    if importlib.util.find_spec("torch_xla") is not None:
+    if real_torch_xla_unavailable() is None:
         return sys.executable
     return os.environ.get("XLASIM_REFERENCE_PYTHON") or None
 

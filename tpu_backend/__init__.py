@@ -7,9 +7,9 @@ parts (``TorchTrainer``, ``TPUTorchConfig``, ``TPUXLABackend``) load on first ac
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from tpu_backend._lazy import lazy_getattr
 from tpu_backend.context import get_xla_mesh, get_xla_worker_state, is_xla_backend
 from tpu_backend.topology import (
     DEFAULT_ACCELERATOR,
@@ -20,15 +20,14 @@ from tpu_backend.topology import (
 )
 
 if TYPE_CHECKING:
-    from tpu_backend.backend import TPUXLABackend
-    from tpu_backend.config import TPUTorchConfig
+    from tpu_backend.config import TPUTorchConfig, TPUXLABackend
     from tpu_backend.trainer import TorchTrainer
 
 # name -> module holding it; imported on first attribute access (they import ray/torch).
 _LAZY = {
     "TorchTrainer": "tpu_backend.trainer",
     "TPUTorchConfig": "tpu_backend.config",
-    "TPUXLABackend": "tpu_backend.backend",
+    "TPUXLABackend": "tpu_backend.config",
     "SeamlessTPUTrainer": "tpu_backend.seamless",
     "detect_device": "tpu_backend.seamless",
     "to_device": "tpu_backend.seamless",
@@ -58,10 +57,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'tpu_backend' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _LAZY, globals())

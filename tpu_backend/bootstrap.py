@@ -29,7 +29,9 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from tpu_backend import context
+import torch.distributed as dist
+
+from tpu_backend import compile_cache, context
 from tpu_backend.mesh import (
     MeshPlan,
     build_mesh,
@@ -110,7 +112,7 @@ class HostProbe:
 
 def probe_host(query_metadata: bool = False) -> HostProbe:
     """Runs on a worker: read the TPU identity of its host (no torch_xla import)."""
-    import ray
+    import ray  # deferred: Ray is optional, and this runs on Ray workers only
 
     rc = ray.get_runtime_context()
     labels: dict[str, Any] = dict(rc.get_node_labels() or {})
@@ -122,6 +124,7 @@ def probe_host(query_metadata: bool = False) -> HostProbe:
     if query_metadata and worker_id_env is None and worker_id_label is None:
         # GCE TPU VMs carry the worker id only in the metadata server; Ray knows how to ask.
         try:
+            # Ray's private helper, needed only on GCE (imported only there).
             from ray._private.accelerators.tpu import TPUAcceleratorManager
 
             wid = TPUAcceleratorManager.get_current_node_tpu_worker_id()
@@ -322,8 +325,6 @@ def bootstrap_worker(b: WorkerBootstrap) -> dict[str, Any]:
     Returns a summary (host index, runtime's process index/count, device count, mesh) the
     driver checks across hosts.
     """
-    import torch.distributed as dist
-
     a = b.assignment
     where = f"host {a.host_index} ({socket.gethostname()})"
     if b.spec is not None and b.holds_tpu:
@@ -348,6 +349,7 @@ def bootstrap_worker(b: WorkerBootstrap) -> dict[str, Any]:
         os.environ.setdefault("TORCHELASTIC_RUN_ID", f"ray-{b.master_addr}-{b.master_port}")
 
     try:
+        # Imported on the worker, now that the environment torch_xla reads at import is set.
         import torch_xla  # noqa: F401 - the runtime must import before anything else here
         import torch_xla.runtime as xr
     except ImportError as e:
@@ -358,8 +360,6 @@ def bootstrap_worker(b: WorkerBootstrap) -> dict[str, Any]:
 
     cache_path = None
     if b.cache_dir is not None:
-        from tpu_backend import compile_cache
-
         cache_path, _ = compile_cache.initialize_cache(
             b.cache_dir,
             spec=b.spec,
@@ -404,7 +404,8 @@ def bootstrap_worker(b: WorkerBootstrap) -> dict[str, Any]:
             device_ids = host_major_device_ids([ids], n_global)
         mesh = build_mesh(plan, device_ids)
     else:
-        import torch_xla.distributed.xla_backend  # noqa: F401 - registers 'xla' + xla://
+        # Deferred like torch_xla above; importing it registers 'xla' and xla://.
+        import torch_xla.distributed.xla_backend  # noqa: F401
 
         if not dist.is_initialized():
             dist.init_process_group(backend="xla", init_method="xla://", timeout=timeout)
@@ -463,20 +464,18 @@ def _check_runtime(xr: Any, b: WorkerBootstrap, where: str) -> None:
 
 def shutdown_worker() -> None:
     """Runs on a worker at the end of the run: flush device work, drop the process group."""
-    import torch.distributed as dist
-
     state = context._state
     context._set_state(None)
     if state is not None:
         try:
-            import torch_xla.core.xla_model as xm
+            import torch_xla.core.xla_model as xm  # deferred: only where torch_xla is set up
 
             xm.wait_device_ops()
         except Exception:  # noqa: BLE001 - best effort; the group still has to go
             logger.debug("wait_device_ops failed during shutdown", exc_info=True)
         if state.spmd:
             try:
-                import torch_xla.distributed.spmd as xs
+                import torch_xla.distributed.spmd as xs  # deferred: as above
 
                 xs.set_global_mesh(None)
             except Exception:  # noqa: BLE001

@@ -153,7 +153,7 @@ def set_memory_cache_size(size: int) -> None:
 
 
 def _computation_started() -> bool:
-    import torch_xla
+    import torch_xla  # deferred (here and below): importing torch_xla starts its runtime
 
     return bool(torch_xla._XLAC._xla_computation_cache_is_initialized())
 
@@ -180,6 +180,7 @@ def initialize_cache(
     Must run before any XLA computation in the process (``RuntimeError`` otherwise, with
     torch_xla's ``AssertionError`` as its cause).
     """
+    # Deferred: importing torch_xla starts its runtime.
     import torch_xla
     import torch_xla.runtime as xr
 
@@ -220,7 +221,7 @@ class CompileCacheStats:
 
 def compile_stats() -> CompileCacheStats:
     """Hits, misses and compile time of this process so far (torch_xla must be importable)."""
-    import torch_xla.debug.metrics as met
+    import torch_xla.debug.metrics as met  # deferred: importing torch_xla starts its runtime
 
     def counter(name: str) -> int:
         return int(met.counter_value(name) or 0)

@@ -1,8 +1,8 @@
-"""``TPUTorchConfig``: the Ray Train ``TorchConfig`` that selects the torch_xla backend.
+"""``TPUTorchConfig``, the Ray Train ``TorchConfig`` of torch_xla, and its backend hooks.
 
 Ray 2.60 maps ``ScalingConfig(use_tpu=True)`` to ``backend="tpu_dist"`` (Google's
-torch_tpu runtime).  This config brings its own backend class
-(:class:`tpu_backend.backend.TPUXLABackend`) and always names its torch.distributed
+torch_tpu runtime).  This config brings its own backend class (:class:`TPUXLABackend`,
+below; its steps are :mod:`tpu_backend.driver`) and always names its torch.distributed
 backend explicitly, so Ray's ``TorchTrainer`` never rewrites it:
 
 * SPMD (the default): one process per TPU host drives all of the host's chips;
@@ -17,24 +17,43 @@ config alone) and :meth:`TPUTorchConfig.resolve` (the config against the slice a
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ray.train.backend import Backend, BackendConfig
 from ray.train.torch.config import TorchConfig
 
+from tpu_backend import driver
+from tpu_backend.bootstrap import WorkerBootstrap, assign_hosts, spec_from_probes
+from tpu_backend.driver import BACKEND_NAME
 from tpu_backend.mesh import MeshPlan, as_axis_names, as_shape, normalize_spmd_config, plan_mesh
 from tpu_backend.topology import SliceSpec, normalize_accelerator, parse_slice
 
-__all__ = ["BACKEND_NAME", "SPMD_PROCESS_GROUP_BACKENDS", "TPUTorchConfig", "ResolvedSlice"]
+__all__ = [
+    "BACKEND_NAME",
+    "SPMD_PROCESS_GROUP_BACKENDS",
+    "ResolvedSlice",
+    "TPUTorchConfig",
+    "TPUXLABackend",
+]
 
-BACKEND_NAME = "torch_xla"
-"""What this backend calls itself in logs and errors (never Ray's 'tpu_dist')."""
+logger = logging.getLogger(__name__)
 
 SPMD_PROCESS_GROUP_BACKENDS = ("gloo",)
 SPMD_INIT_METHODS = ("env", "tcp")
 MULTIPROCESS_INIT_METHODS = ("xla",)
+
+
+def _for_mode(name: str, value: str | None, valid: tuple[str, ...], mode: str, hint: str) -> str:
+    """``value``, or the mode's default (the first valid one) when None; else ValueError."""
+    if value is None:
+        return valid[0]
+    if value not in valid:
+        raise ValueError(f"{name} {value!r} is not valid with {mode}; valid: {hint}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -64,7 +83,7 @@ class TPUTorchConfig(TorchConfig):
             ``ScalingConfig`` (``topology``, ``accelerator_type``).  When both give one
             they must agree.
         mesh_shape, axis_names: Override the default mesh.
-        xla_spmd_config: The seeds' dict: ``mesh_shape``, ``data_parallel_size``,
+        xla_spmd_config: A dict of ``mesh_shape``, ``data_parallel_size``,
             ``model_parallel_size``, ``partitioning_mode`` (``'manual'`` or ``'auto'``).
         compilation_cache_dir: Initialize torch_xla's persistent compilation cache under
             this directory on every worker (``xr.initialize_cache``, before any
@@ -102,41 +121,41 @@ class TPUTorchConfig(TorchConfig):
         self._spmd_config = normalize_spmd_config(self.xla_spmd_config)
         mode = self._spmd_config.get("partitioning_mode")
         if self.spmd:
-            if self.backend is None:
-                self.backend = "gloo"
-            if self.backend not in SPMD_PROCESS_GROUP_BACKENDS:
-                hint = (
-                    " (torch_xla raises 'XLA backend is not supported with SPMD. Please use a "
-                    "CPU process group instead.')"
-                    if self.backend == "xla"
-                    else ""
-                )
-                raise ValueError(
-                    f"backend {self.backend!r} is not valid with spmd=True{hint}; valid: "
-                    f"'gloo' (a CPU process group next to SPMD), or set spmd=False for 'xla'"
-                )
-            if self.init_method is None:
-                self.init_method = "env"
-            if self.init_method not in SPMD_INIT_METHODS:
-                raise ValueError(
-                    f"init_method {self.init_method!r} is not valid with spmd=True; valid: "
-                    f"{', '.join(map(repr, SPMD_INIT_METHODS))}"
-                )
+            hint = (
+                " (torch_xla raises 'XLA backend is not supported with SPMD. Please use a "
+                "CPU process group instead.')"
+                if self.backend == "xla"
+                else ""
+            )
+            self.backend = _for_mode(
+                "backend",
+                self.backend,
+                SPMD_PROCESS_GROUP_BACKENDS,
+                f"spmd=True{hint}",
+                "'gloo' (a CPU process group next to SPMD), or set spmd=False for 'xla'",
+            )
+            self.init_method = _for_mode(
+                "init_method",
+                self.init_method,
+                SPMD_INIT_METHODS,
+                "spmd=True",
+                ", ".join(map(repr, SPMD_INIT_METHODS)),
+            )
         else:
-            if self.backend is None:
-                self.backend = "xla"
-            if self.backend != "xla":
-                raise ValueError(
-                    f"backend {self.backend!r} is not valid with spmd=False; valid: 'xla' "
-                    f"(torch_xla's process group, one process per chip)"
-                )
-            if self.init_method is None:
-                self.init_method = "xla"
-            if self.init_method not in MULTIPROCESS_INIT_METHODS:
-                raise ValueError(
-                    f"init_method {self.init_method!r} is not valid with spmd=False; valid: "
-                    f"'xla' (torch_xla's xla:// rendezvous)"
-                )
+            self.backend = _for_mode(
+                "backend",
+                self.backend,
+                ("xla",),
+                "spmd=False",
+                "'xla' (torch_xla's process group, one process per chip)",
+            )
+            self.init_method = _for_mode(
+                "init_method",
+                self.init_method,
+                MULTIPROCESS_INIT_METHODS,
+                "spmd=False",
+                "'xla' (torch_xla's xla:// rendezvous)",
+            )
             given = [
                 name
                 for name, value in (
@@ -206,9 +225,7 @@ class TPUTorchConfig(TorchConfig):
             )
 
     @property
-    def backend_cls(self):  # noqa: ANN201 - Ray's Backend base is untyped here
-        from tpu_backend.backend import TPUXLABackend
-
+    def backend_cls(self) -> type[TPUXLABackend]:
         return TPUXLABackend
 
     @property
@@ -341,3 +358,90 @@ class TPUTorchConfig(TorchConfig):
                 )
             mesh = None
         return ResolvedSlice(spec, mesh, num_workers)
+
+
+class TPUXLABackend(Backend):
+    """Sets up torch_xla (SPMD by default) on every worker of a TPU slice.
+
+    ``on_start`` (driver side) probes every worker's host, decides host indices and the
+    coordinator, then bootstraps all workers; ``on_shutdown`` cleans them up.  Both waits
+    are bounded (``bootstrap_timeout_s``, ``shutdown_timeout_s``).
+    """
+
+    share_cuda_visible_devices: bool = False
+
+    def on_start(self, worker_group: Any, backend_config: BackendConfig) -> None:
+        if not isinstance(backend_config, TPUTorchConfig):
+            raise TypeError(
+                f"TPUXLABackend needs a TPUTorchConfig, got {type(backend_config).__name__}"
+            )
+        cfg = backend_config
+        n = len(worker_group)
+        resolved = cfg.resolve(driver.scaling_config_of(worker_group))
+        spec = resolved.spec
+        multi_host = spec.is_multi_host if spec is not None else n > 1
+        probes = driver.probe_hosts(worker_group, multi_host, cfg.bootstrap_timeout_s)
+        if spec is None:
+            # Plain TorchTrainer without a topology: the hosts may still say what they are.
+            spec = spec_from_probes(probes)
+            if spec is not None:
+                resolved = cfg.resolve(driver.layout_from_probes(spec, probes))
+        assignments = assign_hosts(probes, spec, cfg.spmd)
+        labels = [
+            f"host {a.host_index} (worker rank {i}, {probes[i].node_ip})"
+            for i, a in enumerate(assignments)
+        ]
+        master_addr, master_port = driver.coordinator_address(worker_group, assignments)
+        by_host = {a.host_index: probes[i].node_ip for i, a in enumerate(assignments)}
+        hostnames = tuple(by_host[h] for h in sorted(by_host))
+        slice_name = next((p.slice_name for p in probes if p.slice_name), None)
+        visible = None
+        if cfg.compilation_cache_dir is not None and cfg.compilation_cache_readonly == "auto":
+            visible = driver.cache_visibility(
+                worker_group,
+                cfg.compilation_cache_dir,
+                assignments,
+                labels,
+                cfg.bootstrap_timeout_s,
+            )
+        plans = [
+            WorkerBootstrap(
+                spmd=cfg.spmd,
+                assignment=a,
+                num_hosts=spec.num_hosts if spec is not None else len(by_host),
+                master_addr=master_addr,
+                master_port=master_port,
+                init_method=str(cfg.init_method),
+                backend=str(cfg.backend),
+                timeout_s=float(cfg.timeout_s),
+                spec=spec,
+                hostnames=hostnames,
+                slice_name=slice_name,
+                mesh_plan=resolved.mesh,
+                mesh_shape=tuple(cfg.mesh_shape) if cfg.mesh_shape is not None else None,
+                axis_names=tuple(cfg.axis_names) if cfg.axis_names is not None else None,
+                spmd_config=dict(cfg._spmd_config),
+                partitioning_mode=cfg.partitioning_mode,
+                pjrt_device=cfg.pjrt_device,
+                holds_tpu=bool(probes[i].tpu_ids),
+                cache_dir=cfg.compilation_cache_dir,
+                cache_readonly=cfg.compilation_cache_readonly,
+                cache_visible=visible,
+            )
+            for i, a in enumerate(assignments)
+        ]
+        summaries = driver.bootstrap_workers(worker_group, plans, labels, cfg.bootstrap_timeout_s)
+        first = summaries[0]
+        logger.info(
+            "%s backend ready: %d worker(s), %s, %d global devices, mesh %s %s",
+            BACKEND_NAME,
+            n,
+            f"{spec.pod_type} ({spec.topology})" if spec is not None else first["device_type"],
+            first["global_device_count"],
+            first["mesh_shape"],
+            first["axis_names"],
+        )
+
+    def on_shutdown(self, worker_group: Any, backend_config: BackendConfig) -> None:
+        timeout_s = float(getattr(backend_config, "shutdown_timeout_s", 60.0))
+        driver.shutdown_workers(worker_group, timeout_s)

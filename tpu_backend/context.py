@@ -50,7 +50,7 @@ def _set_state(state: XlaWorkerState | None) -> None:
 
 def _require_train_context(api: str) -> None:
     try:
-        import ray.train
+        import ray.train  # deferred: Ray is optional, and import tpu_backend stays light
     except ImportError as e:  # pragma: no cover - ray is a dependency of the backend extra
         raise RuntimeError(
             f"tpu_backend.{api}() must be called inside a Ray Train training function, and "

@@ -4,13 +4,14 @@ Planning (:func:`plan_mesh`) is pure arithmetic, so the driver can reject a mesh
 not cover the slice before any worker starts.  Building (:func:`build_mesh`) runs on the
 worker after ``xr.use_spmd()`` and imports torch_xla there, never at module import.
 
-Default rule (the seeds'): on a multi-host slice ``(hosts, devices_per_host)`` over
-``('data', 'model')``; on one host ``(devices,)`` over ``('data',)``.  The device ids are
-laid out host-major: row ``h`` of a multi-host mesh holds the devices process ``h`` can
-address, so the ``model`` axis stays inside a host and each host's slice of the ``data``
-axis is the part of the global batch it loads.  torch_xla numbers TPU devices by chip
-coordinates, which on a v6e 4x4 gives host 0 the ids 0, 1, 4, 5, so ``np.arange`` alone
-would not keep rows on hosts; the builder gathers each process's addressable ids instead.
+Default rule (:func:`tpu_backend.topology.default_mesh_for`): on a multi-host slice
+``(hosts, devices_per_host)`` over ``('data', 'model')``; on one host ``(devices,)`` over
+``('data',)``.  The device ids are laid out host-major: row ``h`` of a multi-host mesh holds
+the devices process ``h`` can address, so the ``model`` axis stays inside a host and each
+host's slice of the ``data`` axis is the part of the global batch it loads.  torch_xla
+numbers TPU devices by chip coordinates, which on a v6e 4x4 gives host 0 the ids 0, 1, 4, 5,
+so ``np.arange`` alone would not keep rows on hosts; the builder gathers each process's
+addressable ids instead.
 """
 
 from __future__ import annotations
@@ -20,12 +21,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
+from tpu_backend.topology import DEFAULT_AXIS_NAMES, default_mesh_for
+
 __all__ = [
-    "DEFAULT_AXIS_NAMES",
     "SPMD_CONFIG_KEYS",
     "PARTITIONING_MODES",
     "MeshPlan",
-    "default_mesh_for",
     "plan_mesh",
     "normalize_spmd_config",
     "build_mesh",
@@ -33,7 +36,6 @@ __all__ = [
     "as_axis_names",
 ]
 
-DEFAULT_AXIS_NAMES = ("data", "model")
 SPMD_CONFIG_KEYS = ("mesh_shape", "data_parallel_size", "model_parallel_size", "partitioning_mode")
 # 'manual': the user's mark_sharding annotations decide (xr.use_spmd()).
 # 'auto': XLA's auto-sharding pass decides (xr.use_spmd(auto=True), TPU only in torch_xla 2.9).
@@ -56,15 +58,6 @@ class MeshPlan:
     def describe(self) -> str:
         axes = ", ".join(f"{n}={s}" for n, s in zip(self.axis_names, self.shape, strict=True))
         return f"Mesh({axes})"
-
-
-def default_mesh_for(num_devices: int, num_hosts: int) -> tuple[tuple[int, ...], tuple[str, ...]]:
-    """The default mesh for ``num_devices`` devices on ``num_hosts`` hosts (processes)."""
-    if num_hosts > 1:
-        if num_devices % num_hosts:
-            raise ValueError(f"{num_devices} devices cannot be split evenly over {num_hosts} hosts")
-        return (num_hosts, num_devices // num_hosts), DEFAULT_AXIS_NAMES
-    return (num_devices,), DEFAULT_AXIS_NAMES[:1]
 
 
 def as_shape(value: Any, what: str) -> tuple[int, ...]:
@@ -104,7 +97,7 @@ def _positive_int(value: Any, what: str) -> int:
 
 
 def normalize_spmd_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Check the seeds' ``xla_spmd_config`` dict on its own (no slice needed).
+    """Check an ``xla_spmd_config`` dict on its own (no slice needed).
 
     Returns a copy with ``mesh_shape`` as a tuple.  Unknown keys, bad values and a
     ``mesh_shape`` that contradicts ``data_parallel_size``/``model_parallel_size`` raise
@@ -263,7 +256,7 @@ def host_major_device_ids(ids_per_process: Sequence[Sequence[int]], num_devices:
 def local_device_ids() -> list[int]:
     """Global ids of the devices this process addresses, from the runtime's device names
     ('TPU:4' -> 4); empty when the runtime does not say."""
-    import torch_xla
+    import torch_xla  # deferred (here and below): runs on a worker whose torch_xla is set up
 
     try:
         names = torch_xla._XLAC._xla_get_runtime_devices()
@@ -280,7 +273,7 @@ def local_device_ids() -> list[int]:
 
 def build_mesh(plan: MeshPlan, device_ids: Sequence[int] | None = None) -> Any:
     """Create the ``torch_xla.distributed.spmd.Mesh`` for ``plan`` and make it global."""
-    import numpy as np
+    # Deferred: runs on a worker whose torch_xla is set up.
     import torch_xla.distributed.spmd as xs
     import torch_xla.runtime as xr
 

@@ -1,4 +1,4 @@
-"""The seamless trainer's settings (seed 004's knobs): what maps to torch_xla 2.9, and what not.
+"""The seamless trainer's settings: what maps to torch_xla 2.9, and what not.
 
 Implemented, because torch_xla 2.9 has a real mechanism for them:
 
@@ -29,6 +29,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Any
+
+from tpu_backend.compile_cache import READONLY_POLICIES
 
 __all__ = ["MIXED_PRECISION_MODES", "PRECISIONS", "SeamlessConfig"]
 
@@ -82,8 +84,6 @@ class SeamlessConfig:
                 f"compile_cache_dir {self.compile_cache_dir!r} is set but compile_cache=False; "
                 f"set compile_cache=True or drop compile_cache_dir"
             )
-        from tpu_backend.compile_cache import READONLY_POLICIES
-
         if self.compile_cache_readonly not in READONLY_POLICIES or (
             self.compile_cache_readonly in (0, 1)
             and not isinstance(self.compile_cache_readonly, bool)

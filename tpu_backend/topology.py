@@ -52,10 +52,12 @@ from dataclasses import dataclass
 __all__ = [
     "ACCELERATORS",
     "DEFAULT_ACCELERATOR",
+    "DEFAULT_AXIS_NAMES",
     "GENERATIONS",
     "Generation",
     "SliceSpec",
     "default_mesh",
+    "default_mesh_for",
     "normalize_accelerator",
     "parse_slice",
     "tpu_host_env",
@@ -344,12 +346,23 @@ def parse_slice(topology: str, accelerator: str | None = None) -> SliceSpec:
     )
 
 
+DEFAULT_AXIS_NAMES = ("data", "model")
+
+
+def default_mesh_for(num_devices: int, num_hosts: int) -> tuple[tuple[int, ...], tuple[str, ...]]:
+    """The default SPMD mesh for ``num_devices`` devices on ``num_hosts`` hosts (processes):
+    (hosts, devices per host) over ('data', 'model') on several hosts, else (devices,) over
+    ('data',)."""
+    if num_hosts > 1:
+        if num_devices % num_hosts:
+            raise ValueError(f"{num_devices} devices cannot be split evenly over {num_hosts} hosts")
+        return (num_hosts, num_devices // num_hosts), DEFAULT_AXIS_NAMES
+    return (num_devices,), DEFAULT_AXIS_NAMES[:1]
+
+
 def default_mesh(spec: SliceSpec) -> tuple[tuple[int, ...], tuple[str, ...]]:
-    """The seeds' default SPMD mesh: (hosts, devices per host) over ('data', 'model')
-    on a multi-host slice, (devices,) over ('data',) on one host."""
-    if spec.is_multi_host:
-        return (spec.num_hosts, spec.devices_per_host), ("data", "model")
-    return (spec.num_devices,), ("data",)
+    """The default SPMD mesh of ``spec`` (see :func:`default_mesh_for`)."""
+    return default_mesh_for(spec.num_devices, spec.num_hosts)
 
 
 def tpu_host_env(

@@ -1,5 +1,8 @@
 """xlasim: run torch_xla programs on a CPU-only machine against a simulated TPU slice."""
 
+from typing import Any
+
+from tpu_backend._lazy import lazy_getattr
 from xlasim._activation import is_active, simulate
 
 __all__ = [
@@ -33,15 +36,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'xlasim' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_getattr(__name__, _LAZY, globals())
 
 
 def register_xla_device() -> None:
@@ -51,13 +46,15 @@ def register_xla_device() -> None:
     training before simulating, because autograd fixes its set of devices at the first
     backward pass of a process.
     """
+    # Deferred like _LAZY: importing xlasim must not import torch.
     from xlasim.runtime.device import ensure_device_guard
 
     ensure_device_guard()
 
 
-def current_runtime():
+def current_runtime() -> Any:
     """The active simulated runtime (``RuntimeError`` when no simulation is active)."""
-    from xlasim.runtime import state as _runtime
+    # Deferred like _LAZY: importing xlasim must not import torch.
+    from xlasim.runtime import state
 
-    return _runtime.current()
+    return state.current()

@@ -18,6 +18,9 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any, TypeVar
 
+from tpu_backend.machine import real_torch_xla_loaded
+from tpu_backend.topology import SliceSpec, parse_slice, tpu_host_env
+
 _SURFACE_PARENT = os.path.dirname(os.path.abspath(__file__))
 _lock = threading.RLock()
 
@@ -72,62 +75,36 @@ _entries: list[Any] = []
 _stashed_modules: dict[str, ModuleType] = {}
 
 
-def _real_torch_xla_loaded() -> bool:
-    xlac = sys.modules.get("torch_xla._XLAC")
-    return xlac is not None and str(getattr(xlac, "__file__", "")).endswith(".so")
+def _session() -> ModuleType:
+    # Imported at the first entry: xlasim itself is imported at interpreter start (xlasim.pth)
+    # and by every pytest session (the plugin), and neither may pay for importing torch.
+    from xlasim.runtime import session
+
+    return session
 
 
-def _swap_in() -> None:
-    from xlasim.runtime import device as _device
-    from xlasim.runtime import tensor as _tensor
-
-    if _real_torch_xla_loaded():
+def _swap_in(spec: SliceSpec) -> None:
+    if real_torch_xla_loaded():
         raise RuntimeError(
             "xlasim cannot simulate torch_xla in a process where the real torch_xla runtime "
             "is already loaded (its SPMD mode and device state are process-global); run the "
             "simulation in a fresh process, e.g. `xlasim run -- python ...`"
         )
-    _device.ensure_device_guard()
+    _session().attach_device(spec)
     _stashed_modules.clear()
     for name in [n for n in sys.modules if _is_torch_xla(n)]:
         _stashed_modules[name] = sys.modules.pop(name)
     sys.meta_path.insert(0, _FINDER)
-    _tensor.FACTORY_KERNELS.register()
 
 
 def _swap_out() -> None:
-    from xlasim.runtime import tensor as _tensor
-
-    _tensor.FACTORY_KERNELS.unregister()
     if _FINDER in sys.meta_path:
         sys.meta_path.remove(_FINDER)
     for name in [n for n in sys.modules if _is_torch_xla(n)]:
         del sys.modules[name]
     sys.modules.update(_stashed_modules)
     _stashed_modules.clear()
-
-
-_probed = False
-
-
-def _probe_autograd(spec: Any) -> None:
-    """Runs the one-time autograd check on a throwaway runtime, so no state leaks."""
-    global _probed
-    if _probed:
-        return
-    import torch
-
-    from xlasim.runtime import device as _device
-    from xlasim.runtime import state as _runtime
-    from xlasim.runtime import tensor as _tensor
-
-    scratch = _runtime.SimRuntime(spec, 0)
-    _runtime.push(scratch)
-    try:
-        _device.check_autograd_engine(lambda: _tensor.wrap_data(torch.zeros(1), None))
-    finally:
-        _runtime.pop(scratch)
-    _probed = True
+    _session().detach_device()
 
 
 class simulate:  # noqa: N801 - used like a function: `with xlasim.simulate(...)`
@@ -143,8 +120,6 @@ class simulate:  # noqa: N801 - used like a function: `with xlasim.simulate(...)
         accelerator: str | None = None,
         host_index: int = 0,
     ) -> None:
-        from tpu_backend.topology import parse_slice, tpu_host_env
-
         self.spec = parse_slice(topology, accelerator)
         # Validates the host index now, before anything (torch included) is loaded.
         tpu_host_env(self.spec, host_index)
@@ -152,33 +127,18 @@ class simulate:  # noqa: N801 - used like a function: `with xlasim.simulate(...)
         self._runtimes: list[Any] = []
 
     def __enter__(self) -> Any:
-        from xlasim.runtime import state as _runtime
-
         with _lock:
-            runtime = _runtime.SimRuntime(self.spec, self.host_index)
             if not _entries:
-                _swap_in()
-                try:
-                    _probe_autograd(self.spec)
-                except BaseException:
-                    _swap_out()
-                    raise
-            runtime.save_env()
-            # On a TPU VM `import torch_xla` selects PJRT_DEVICE=TPU; so does the simulation.
-            os.environ["PJRT_DEVICE"] = "TPU"
-            _runtime.push(runtime)
+                _swap_in(self.spec)
+            runtime = _session().enter(self.spec, self.host_index)
             _entries.append(self)
             self._runtimes.append(runtime)
         return runtime
 
     def __exit__(self, *exc: object) -> None:
-        from xlasim.runtime import state as _runtime
-
         with _lock:
-            runtime = self._runtimes.pop()
-            _runtime.pop(runtime)
+            _session().leave(self._runtimes.pop())
             _entries.remove(self)
-            runtime.restore_env()
             if not _entries:
                 _swap_out()
 

@@ -9,11 +9,9 @@ import subprocess
 import sys
 import sysconfig
 from collections.abc import Sequence
-from typing import Any
 
 from tpu_backend.topology import (
     DEFAULT_ACCELERATOR,
-    SliceSpec,
     default_mesh,
     parse_slice,
     tpu_host_env,
@@ -57,21 +55,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise SystemExit(f"xlasim run: command not found: {command[0]!r}") from None
 
 
-def slice_table(spec: SliceSpec) -> Any:
-    """The slice as a two-column rich table (``xlasim describe`` and ``xlasim demo``)."""
-    from rich.table import Table
-
-    table = Table(title=f"Simulated slice {spec.pod_type} ({spec.topology})", show_header=False)
-    table.add_column("property", style="bold")
-    table.add_column("value")
-    for label, value in spec.describe_rows():
-        table.add_row(label, value)
-    return table
-
-
 def _cmd_describe(args: argparse.Namespace) -> int:
+    # Deferred: only `describe` prints tables, so `xlasim run` starts without importing rich.
     from rich.console import Console
     from rich.table import Table
+
+    from xlasim.slice_table import slice_table
 
     spec = parse_slice(args.topology, args.accelerator)
     console = Console()
@@ -96,6 +85,7 @@ def _cmd_describe(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace, rest: Sequence[str]) -> int:
+    # Deferred: the demo needs Ray (the optional `ray` extra).
     from xlasim import demo
 
     return int(demo.main(list(rest)) or 0)

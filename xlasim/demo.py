@@ -21,6 +21,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+from rich.table import Table
+
+import tpu_backend
+from tpu_backend.topology import parse_slice
+from xlasim.ray_cluster import fit_with_deadline, simulated_tpu_cluster
+from xlasim.slice_table import slice_table
+
 __all__ = ["train_loop", "run", "main", "read_records"]
 
 DEFAULT_TOPOLOGY = "2x2x2"
@@ -34,14 +42,14 @@ def train_loop(config: dict[str, Any]) -> None:
     on every host and sharded along the mesh's first axis ('data'); parameters are
     replicated.  Every host therefore computes the same loss, and the loss goes down.
     """
+    # Imported on the worker, where torch_xla is the simulator (or the real runtime); the
+    # driver never imports it, and Ray is optional.
     import ray.train
     import torch
     import torch_xla
     import torch_xla.debug.metrics as met
     import torch_xla.distributed.spmd as xs
     import torch_xla.runtime as xr
-
-    import tpu_backend
 
     steps = int(config.get("steps", 5))
     batch = int(config.get("batch", 64))
@@ -132,11 +140,8 @@ def run(
     Returns the Ray ``Result`` and the per-host records.  The caller owns the cluster
     (see :func:`xlasim.ray_cluster.simulated_tpu_cluster`).
     """
+    # Deferred: Ray is optional (the `ray` extra); the module imports without it.
     from ray.train import RunConfig, ScalingConfig
-
-    import tpu_backend
-    from tpu_backend.topology import parse_slice
-    from xlasim.ray_cluster import fit_with_deadline
 
     spec = parse_slice(topology, accelerator)
     with tempfile.TemporaryDirectory(prefix="xlasim-demo-") as tmp:
@@ -162,9 +167,6 @@ def run(
 
 
 def _print_report(spec: Any, records: list[dict[str, Any]], elapsed: float) -> bool:
-    from rich.console import Console
-    from rich.table import Table
-
     console = Console()
     if not records:
         console.print("[red]no host reported a result[/red]")
@@ -244,13 +246,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="forward the Ray workers' logs (per-step lines of every host)",
     )
     args = parser.parse_args(list(argv) if argv is not None else None)
-
-    from rich.console import Console
-
-    from tpu_backend.topology import parse_slice
-    from xlasim.cli import slice_table
-    from xlasim.ray_cluster import simulated_tpu_cluster
-
     accelerator = args.accelerator
     if accelerator is None and args.topology == DEFAULT_TOPOLOGY:
         accelerator = DEFAULT_ACCELERATOR

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.machinery
 import importlib.metadata
 import json
 import os
@@ -36,6 +35,8 @@ from typing import Any
 
 import pytest
 
+from tpu_backend import machine
+from tpu_backend.machine import count_tpu_chips, real_torch_xla_unavailable
 from tpu_backend.topology import SliceSpec, parse_slice
 
 __all__ = [
@@ -53,13 +54,6 @@ REAL_TARGETS = frozenset({"xla_cpu", "tpu"})
 _TARGET_MARKS = {"sim": "cpu_sim", "xla_cpu": "xla_cpu", "tpu": "tpu"}
 DEFAULT_TOPOLOGY = "2x2"
 DEFAULT_TIMEOUT_S = 300.0
-
-# torch_xla 2.9 _internal/tpu.py counts chips exactly like this (num_available_chips).
-PCI_DEVICES_ROOT = "/sys/bus/pci/devices"
-_GOOGLE_PCI_VENDOR_ID = "0x1ae0"
-_TPU_PCI_DEVICE_IDS = frozenset(
-    {"0x0027", "0x005e", "0x0063", "0x006f", "0x0056", "0x0062", "0x0076"}
-)
 
 _XLASIM_DIR = Path(__file__).resolve().parent
 # The child must not inherit the simulator, a forced SPMD mode or the parent's extra options.
@@ -109,51 +103,6 @@ class XlaTarget:
 # Target availability (never imports torch_xla)
 
 
-def _major_minor(version: str) -> tuple[str, ...]:
-    return tuple(version.split("+")[0].split(".")[:2])
-
-
-def real_torch_xla_unavailable() -> str | None:
-    """Why real torch_xla cannot be imported by a child of this interpreter, or None.
-
-    ``PathFinder`` searches ``sys.path`` only, so the simulator's meta-path finder (active
-    or not) cannot answer for the real package.
-    """
-    found = importlib.machinery.PathFinder.find_spec("torch_xla")
-    if found is None or found.origin is None:
-        return f"real torch_xla is not installed for {sys.executable}"
-    origin = Path(found.origin).resolve()
-    if _XLASIM_DIR in origin.parents:
-        return f"the torch_xla found on sys.path is the simulator ({origin}), not real torch_xla"
-    try:
-        xla_version = importlib.metadata.version("torch_xla")
-        torch_version = importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
-        return None  # a source checkout without metadata: let the child try
-    if _major_minor(xla_version) != _major_minor(torch_version):
-        return (
-            f"real torch_xla {xla_version} needs torch {'.'.join(_major_minor(xla_version))}.*, "
-            f"but this environment has torch {torch_version}"
-        )
-    return None
-
-
-def count_tpu_chips(root: str | os.PathLike[str] | None = None) -> int:
-    """TPU chips attached through PCI, as torch_xla's ``tpu.num_available_chips`` counts them."""
-    base = Path(root if root is not None else PCI_DEVICES_ROOT)
-    chips = 0
-    for vendor_path in base.glob("*/vendor"):
-        try:
-            if vendor_path.read_text().strip() != _GOOGLE_PCI_VENDOR_ID:
-                continue
-            device_id = (vendor_path.parent / "device").read_text().strip()
-        except OSError:
-            continue
-        if device_id in _TPU_PCI_DEVICE_IDS:
-            chips += 1
-    return chips
-
-
 def xla_cpu_unavailable(spec: SliceSpec) -> str | None:
     if spec.num_hosts > 1:
         return (
@@ -167,8 +116,8 @@ def tpu_unavailable(spec: SliceSpec) -> str | None:
     chips = count_tpu_chips()
     if chips == 0:
         return (
-            f"no TPU chips on this host (no PCI device of vendor {_GOOGLE_PCI_VENDOR_ID} "
-            f"under {PCI_DEVICES_ROOT})"
+            f"no TPU chips on this host (no PCI device of vendor {machine.GOOGLE_PCI_VENDOR_ID} "
+            f"under {machine.PCI_DEVICES_ROOT})"
         )
     if spec.num_hosts > 1:
         return (
@@ -322,7 +271,7 @@ def _check_simulated_torch_xla(target: XlaTarget) -> None:
 
 @contextlib.contextmanager
 def _simulated(target: XlaTarget) -> Iterator[None]:
-    import xlasim
+    import xlasim  # deferred: the real-target child loads this file without the xlasim package
 
     with xlasim.simulate(
         target.spec.topology, target.spec.accelerator, host_index=target.host_index
@@ -415,6 +364,7 @@ def tpu_ray_cluster(request: pytest.FixtureRequest) -> Iterator[Any]:
     topology mark, else a v4-16; the cluster is torn down even when the test fails. Ray is
     imported only when a test asks for it.
     """
+    # Deferred: the real-target child loads this file without the xlasim package.
     from xlasim.ray_cluster import tpu_ray_cluster_fixture
 
     yield from tpu_ray_cluster_fixture(request)

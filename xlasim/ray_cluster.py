@@ -23,8 +23,10 @@ by default, start-up is bounded, and the cluster is torn down on every exit path
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import os
+import socket
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -140,7 +142,7 @@ class SimulatedTPUCluster:
 
     def node_summary(self) -> list[dict[str, Any]]:
         """(labels, resources) of every alive node, as Ray's GCS reports them."""
-        import ray
+        import ray  # deferred here and below: Ray is optional (the `ray` extra)
 
         return [
             {"labels": n.get("Labels", {}), "resources": n.get("Resources", {})}
@@ -150,15 +152,13 @@ class SimulatedTPUCluster:
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
 
 def _shutdown(cluster: Any) -> None:
-    import ray
+    import ray  # deferred: Ray is optional
 
     with contextlib.suppress(Exception):
         ray.shutdown()
@@ -197,6 +197,7 @@ def simulated_tpu_cluster(
     run's controller is gone, so the placement group of a run that failed during worker
     setup is never released; :func:`fit_with_deadline` releases it instead.
     """
+    # Deferred: Ray is optional.
     import ray
     from ray.cluster_utils import Cluster
 
@@ -309,6 +310,7 @@ def release_placement_groups() -> int:
     Stands in for Ray Train's ``PlacementGroupCleaner``, which needs the dashboard's state
     API: call it only between runs (it frees the TPUs a failed run still holds).
     """
+    # Deferred: Ray is optional.
     import ray
     from ray.util.placement_group import PlacementGroup, remove_placement_group
 
@@ -327,9 +329,7 @@ def fit_with_deadline(trainer: Any, timeout_s: float, *, release_after: bool = T
     that run one training at a time, like :func:`simulated_tpu_cluster`'s), placement
     groups left behind by the run are released when it ends, however it ends.
     """
-    import concurrent.futures
-
-    import ray
+    import ray  # deferred: Ray is optional
 
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="fit")
     future = pool.submit(trainer.fit)

@@ -26,7 +26,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from xlasim.runtime import state as _runtime
+from xlasim.runtime import state
 from xlasim.runtime.graph import GraphRecord, InputInfo, Recompilation
 
 __all__ = [
@@ -180,12 +180,12 @@ def _report(rec: Recompilation) -> RecompilationReport:
 
 def recompilations() -> list[RecompilationReport]:
     """Every recompilation of the active simulated runtime so far, oldest first."""
-    return [_report(r) for r in _runtime.current().graphs.recompilations]
+    return [_report(r) for r in state.current().graphs.recompilations]
 
 
 def clear_recompilations() -> None:
     """Forget the recompilations seen so far (the compiled graphs stay cached)."""
-    _runtime.current().graphs.recompilations.clear()
+    state.current().graphs.recompilations.clear()
 
 
 def _format(reports: list[RecompilationReport], compiles: int | None) -> str:
@@ -207,7 +207,7 @@ def _format(reports: list[RecompilationReport], compiles: int | None) -> str:
 
 def recompilation_report() -> str:
     """A readable account of every recompilation so far (``'no recompilations ...'`` if none)."""
-    rt = _runtime.current()
+    rt = state.current()
     return _format(recompilations(), rt.metrics.counter_value("UncachedCompile") or 0)
 
 
@@ -228,7 +228,7 @@ class RecompilationWatch:
 
     @property
     def reports(self) -> list[RecompilationReport]:
-        return [_report(r) for r in _runtime.current().graphs.recompilations[self._start :]]
+        return [_report(r) for r in state.current().graphs.recompilations[self._start :]]
 
 
 @contextlib.contextmanager
@@ -241,7 +241,7 @@ def assert_no_recompilation(allowed: int = 0) -> Iterator[RecompilationWatch]:
     """
     if isinstance(allowed, bool) or not isinstance(allowed, int) or allowed < 0:
         raise ValueError(f"allowed {allowed!r} is not valid: expected an int >= 0")
-    graphs = _runtime.current().graphs
+    graphs = state.current().graphs
     watch = RecompilationWatch(len(graphs.recompilations))
     yield watch
     reports = watch.reports

@@ -24,7 +24,6 @@ as JSON on stdin, outcomes as JSON on stdout.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -32,6 +31,8 @@ import sys
 from typing import Any
 
 import numpy as np
+
+from tpu_backend.machine import real_torch_xla_unavailable
 
 RUNNER_TIMEOUT_S = 300
 DEVICE_COUNTS = (1, 4, 8)
@@ -200,7 +201,7 @@ class _PureSharded:
 
 # -- the real side -----------------------------------------------------------------------------
 def real_python() -> str | None:
-    if importlib.util.find_spec("torch_xla") is not None:
+    if real_torch_xla_unavailable() is None:
         return sys.executable
     return os.environ.get("XLASIM_REAL_PYTHON") or None
 

@@ -8,7 +8,7 @@ ones torch_xla 2.9 registers, since code may call them as ``torch.ops.xla.<name>
 
 from __future__ import annotations
 
-import ast
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
@@ -21,17 +21,29 @@ _LINEAR_GRAD_WEIGHT = "...m,...n->mn"
 _LINEAR_GRAD_BIAS = "...m->m"
 
 
+MarkShardingKernel = Callable[[Tensor, str, str], Tensor]
+
+# What xla::aot_mark_sharding runs: mark_sharding of the simulated torch_xla modules in use,
+# which each import of them installs here (the op outlives them, so it cannot import them).
+_mark_sharding_kernel: MarkShardingKernel | None = None
+
+
+def set_mark_sharding_kernel(kernel: MarkShardingKernel) -> None:
+    global _mark_sharding_kernel
+    _mark_sharding_kernel = kernel
+
+
 @custom_op("xla::aot_mark_sharding", mutates_args=())
 def aot_mark_sharding(t: Tensor, mesh: str, partition_spec: str) -> Tensor:
     # Mesh and spec travel as strings: custom ops take only schema-typed arguments.
     if t is None:
         return None
-    import torch_xla.distributed.spmd as xs
-
-    parsed_mesh = xs.Mesh.from_str(mesh)
-    assert parsed_mesh is not None
-    spec = ast.literal_eval(partition_spec)
-    return xs.mark_sharding(t.clone(), parsed_mesh, spec).global_tensor
+    if _mark_sharding_kernel is None:
+        raise RuntimeError(
+            "xla::aot_mark_sharding runs torch_xla.distributed.spmd's mark_sharding; import "
+            "torch_xla.distributed.spmd inside the simulation first"
+        )
+    return _mark_sharding_kernel(t, mesh, partition_spec)
 
 
 @aot_mark_sharding.register_fake

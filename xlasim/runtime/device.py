@@ -17,6 +17,7 @@ import zlib
 from collections.abc import Callable
 
 import torch
+from torch.utils._mode_utils import no_dispatch
 
 # Besides the guard, one op: resizing a wrapper tensor's own metadata, which out= ops and
 # in-place view ops (arange(out=), t_()) change on the wrapped CPU tensor.
@@ -57,6 +58,8 @@ def ensure_device_guard() -> None:
     with _lock:
         if _guard_ready:
             return
+        # Deferred: only the first simulation of a process builds the extension, and
+        # cpp_extension is slow to import.
         from filelock import FileLock
         from torch.utils import cpp_extension
 
@@ -87,8 +90,6 @@ def ensure_device_guard() -> None:
 
 def set_wrapper_meta(wrapper: torch.Tensor, like: torch.Tensor) -> None:
     """Makes a wrapper tensor's sizes/strides/offset those of the tensor it wraps."""
-    from torch.utils._mode_utils import no_dispatch
-
     with no_dispatch():
         torch.ops.xlasim.set_meta(wrapper, like.size(), like.stride(), like.storage_offset())
 

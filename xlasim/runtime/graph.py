@@ -18,14 +18,14 @@ import zlib
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
+from xlasim.runtime.metrics import Metrics
+from xlasim.sharding import propagation
+from xlasim.sharding.op_sharding import OpSharding
 from xlasim.sharding.tensor_sharding import TensorSharding
-
-if TYPE_CHECKING:
-    from xlasim.runtime.state import SimRuntime
 
 _stable_ids: dict[Any, int] = {}
 
@@ -211,8 +211,8 @@ def _diff(previous: GraphRecord, current: GraphRecord) -> list[str]:
 class GraphCache:
     """Compiled-graph bookkeeping of one simulated process."""
 
-    def __init__(self, runtime: SimRuntime) -> None:
-        self._runtime = runtime
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
         # LRU order, oldest first; bounded like torch_xla's memory cache once it is created.
         self.compiled: OrderedDict[int, GraphRecord] = OrderedDict()
         self._capacity: int | None = None
@@ -230,7 +230,7 @@ class GraphCache:
 
     def _lookup(self, key: int) -> bool:
         """torch_xla's LookupCachedCompile with its PersistentCache in front of memory."""
-        metrics = self._runtime.metrics
+        metrics = self._metrics
         self.initialized = True
         if key in self.compiled:
             self.compiled.move_to_end(key)
@@ -287,7 +287,7 @@ class GraphCache:
         live.sort(key=lambda t: t._seq)
         return live
 
-    def execute(self, tensors: list[Any], *, sync_all: bool) -> None:
+    def execute(self, tensors: list[Any], *, sync_all: bool, spmd: bool) -> None:
         """Compiles (or reuses) and "runs" the graph that materializes ``tensors``."""
         if sync_all:
             self.pending = []
@@ -297,7 +297,7 @@ class GraphCache:
         start = time.perf_counter_ns()
         nodes = [t._node for t in tensors]
         key = hash(tuple(n.hash for n in nodes))
-        metrics = self._runtime.metrics
+        metrics = self._metrics
         cached = self._lookup(key)
         site = _user_site()
         record = self.compiled.get(key) if cached else None
@@ -314,13 +314,13 @@ class GraphCache:
                 metrics.add_sample("CompileTime", time.perf_counter_ns() - start)
         self.last_at_site[site] = record
         record.executions += 1
-        if self._runtime.spmd:
+        if spmd:
             _settle_output_shardings(tensors)
         for t in tensors:
             t._node = None
             t._aliased = False
         # PJRT counts an SPMD (virtual device) program as a replicated execution.
-        if self._runtime.spmd:
+        if spmd:
             metrics.inc("ExecuteReplicated")
             metrics.add_sample("ExecuteReplicatedTime", time.perf_counter_ns() - start)
         else:
@@ -337,8 +337,6 @@ def _settle_output_shardings(tensors: list[Any]) -> None:
     ``UnderivedSharding``: computed as replicated, but asking for its spec raises
     NotImplementedError instead of inventing one. Tensors updated in place keep theirs.
     """
-    from xlasim.sharding import OpSharding, propagation
-
     # One propagation for the whole graph: its outputs share most of their upstream values.
     settle = propagation.Propagation()
     for t in tensors:

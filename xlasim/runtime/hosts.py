@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import datetime
 import os
-from typing import Any
 
 import torch
+import torch.distributed as dist
+
+from xlasim.runtime.state import HostLink, SimRuntime
 
 ADDR_ENV = "XLASIM_HOSTS_ADDR"
 TIMEOUT_ENV = "XLASIM_HOSTS_TIMEOUT_S"
 _DEFAULT_TIMEOUT_S = 300.0
-_EXTRAS_KEY = "spmd_host_group"
 
 
 def _parse_addr(text: str) -> tuple[str, int]:
@@ -35,14 +36,13 @@ def _parse_addr(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
-def host_group(rt: Any) -> Any | None:
+def host_link(rt: SimRuntime) -> HostLink | None:
     """The gloo group of this slice's host processes (None on a single-host slice)."""
     num_hosts = rt.spec.num_hosts
     if num_hosts == 1:
         return None
-    group = rt.extras.get(_EXTRAS_KEY)
-    if group is not None:
-        return group
+    if rt.hosts is not None:
+        return rt.hosts
     addr = os.environ.get(ADDR_ENV)
     if not addr:
         raise RuntimeError(
@@ -52,24 +52,22 @@ def host_group(rt: Any) -> Any | None:
         )
     host, port = _parse_addr(addr)
     timeout = datetime.timedelta(seconds=float(os.environ.get(TIMEOUT_ENV, _DEFAULT_TIMEOUT_S)))
-    import torch.distributed as dist
-
     store = dist.TCPStore(
         host, port, num_hosts, is_master=rt.host_index == 0, timeout=timeout, wait_for_workers=True
     )
     group = dist.ProcessGroupGloo(
         dist.PrefixStore("xlasim_hosts", store), rt.host_index, num_hosts, timeout
     )
-    rt.extras[_EXTRAS_KEY] = (group, store)
-    return rt.extras[_EXTRAS_KEY]
+    rt.hosts = HostLink(group, store)
+    return rt.hosts
 
 
-def all_gather(rt: Any, value: torch.Tensor) -> list[torch.Tensor]:
+def all_gather(rt: SimRuntime, value: torch.Tensor) -> list[torch.Tensor]:
     """Every host's ``value`` (same shape and dtype on every host), in host order."""
-    entry = host_group(rt)
-    if entry is None:
+    link = host_link(rt)
+    if link is None:
         return [value]
-    group, _store = entry
+    group = link.group
     local = value.detach().contiguous()
     shapes_in = torch.tensor(
         [local.dim(), *local.shape, *([0] * (8 - local.dim()))], dtype=torch.int64
@@ -87,5 +85,5 @@ def all_gather(rt: Any, value: torch.Tensor) -> list[torch.Tensor]:
     return out
 
 
-def owner_host(rt: Any, device: int) -> int:
+def owner_host(rt: SimRuntime, device: int) -> int:
     return device // rt.spec.devices_per_host

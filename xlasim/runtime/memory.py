@@ -17,33 +17,25 @@ Attempting to allocate 196.00M. That was not possible. There are 134.44M free.; 
 from __future__ import annotations
 
 import os
-import weakref
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
+import torch
+
+from xlasim.runtime import state
+from xlasim.runtime.state import SimRuntime
 from xlasim.sharding.device_layout import device_attributes
 from xlasim.sharding.tensor_sharding import TensorSharding
-
-_EXTRAS_KEY = "spmd_memory"
-
-
-@dataclass
-class _State:
-    enforce: bool
-    # Keyed by id: a WeakSet would compare tensors with ==, which is elementwise.
-    tracked: weakref.WeakValueDictionary[int, Any]
-
 
 ENFORCE_ENV = "XLASIM_ENFORCE_HBM"
 
 
-def _state(rt: Any) -> _State:
-    state = rt.extras.get(_EXTRAS_KEY)
-    if state is None:
-        enforce = os.environ.get(ENFORCE_ENV, "0").lower() in ("1", "true", "yes", "on")
-        state = rt.extras[_EXTRAS_KEY] = _State(enforce, weakref.WeakValueDictionary())
-    return state
+def _enforcing(rt: SimRuntime) -> bool:
+    if rt.memory.enforce is None:
+        # Read at first use, so a program may set the variable after entering the simulation.
+        flag = os.environ.get(ENFORCE_ENV, "0").lower()
+        rt.memory.enforce = flag in ("1", "true", "yes", "on")
+    return rt.memory.enforce
 
 
 def human_bytes(num_bytes: int) -> str:
@@ -84,25 +76,12 @@ def tensor_device_bytes(
     return dict.fromkeys(sharding.devices(), shard * itemsize)
 
 
-def _live_tensors(rt: Any) -> list[Any]:
+def _live_tensors(rt: SimRuntime) -> list[Any]:
     """Every live simulated device tensor this runtime knows of."""
-    from xlasim.runtime import tensor as _tensor
-
-    seen: dict[int, Any] = {}
-    registry = getattr(_tensor, "live_tensors", None)
-    if callable(registry):
-        for t in registry():
-            seen[id(t)] = t
-    for t in list(_state(rt).tracked.values()):
-        seen[id(t)] = t
-    return list(seen.values())
+    return list(rt.memory.tracked.values())
 
 
-def track(rt: Any, t: Any) -> None:
-    _state(rt).tracked[id(t)] = t
-
-
-def device_bytes(rt: Any, tensors: Iterable[Any] | None = None) -> list[int]:
+def device_bytes(rt: SimRuntime, tensors: Iterable[Any] | None = None) -> list[int]:
     """Bytes per device ordinal for ``tensors`` (default: all live device tensors)."""
     spec = rt.spec
     totals = [0] * spec.num_devices
@@ -114,30 +93,22 @@ def device_bytes(rt: Any, tensors: Iterable[Any] | None = None) -> list[int]:
     return totals
 
 
-def chip_bytes(rt: Any, tensors: Iterable[Any] | None = None) -> list[int]:
+def chip_bytes(rt: SimRuntime, tensors: Iterable[Any] | None = None) -> list[int]:
     """Bytes per chip (chip ``c`` holds devices ``c*devices_per_chip ...``)."""
     per_device = device_bytes(rt, tensors)
     k = rt.spec.devices_per_chip
     return [sum(per_device[c * k : (c + 1) * k]) for c in range(rt.spec.num_chips)]
 
 
-def set_enforce(rt: Any, enabled: bool) -> None:
-    _state(rt).enforce = bool(enabled)
-
-
-def enforced(rt: Any) -> bool:
-    return _state(rt).enforce
-
-
-def _hbm_name(rt: Any, device: int) -> str:
+def _hbm_name(rt: SimRuntime, device: int) -> str:
     attrs = device_attributes(rt.spec)[device]
     x, y, z = attrs["coords"]
     return f"{x}x{y}x{z}_HBM{attrs['core_on_chip']}"
 
 
-def check_fits(rt: Any, t: Any, new: TensorSharding | None) -> None:
+def check_fits(rt: SimRuntime, t: Any, new: TensorSharding | None) -> None:
     """Before ``t`` takes sharding ``new``: fail as PJRT would if a chip overflows; else track."""
-    if _state(rt).enforce:
+    if _enforcing(rt):
         spec = rt.spec
         others = [o for o in _live_tensors(rt) if o is not t]
         per_chip = chip_bytes(rt, others)
@@ -154,10 +125,10 @@ def check_fits(rt: Any, t: Any, new: TensorSharding | None) -> None:
                     f"({_hbm_name(rt, device)})"
                 )
             per_chip[chip] += need[device]
-    track(rt, t)
+    rt.memory.tracked[id(t)] = t
 
 
-def report(rt: Any) -> list[dict[str, Any]]:
+def report(rt: SimRuntime) -> list[dict[str, Any]]:
     """One row per chip: index, coords, bytes used, HBM capacity, fraction used."""
     spec = rt.spec
     attrs = device_attributes(spec)
@@ -176,17 +147,28 @@ def report(rt: Any) -> list[dict[str, Any]]:
     return rows
 
 
+def device_memory_info(device: torch.device) -> dict[str, int]:
+    """Device memory as ``xm.get_memory_info`` reports it for a simulated chip's device: bytes
+    of live device tensors in use there, the generation's HBM per chip as the limit."""
+    rt = state.current()
+    index = device.index or 0
+    used = device_bytes(rt)[index]
+    peaks = rt.memory.peak_bytes
+    peaks[index] = max(peaks.get(index, 0), used)
+    return {
+        "bytes_used": used,
+        "bytes_limit": rt.spec.hbm_bytes_per_chip,
+        "peak_bytes_used": peaks[index],
+    }
+
+
 # -- the public face (re-exported by ``xlasim``) --------------------------------------------------
 def chip_memory() -> list[dict[str, Any]]:
     """Per-chip HBM use of the active simulated slice (see :func:`report`)."""
-    from xlasim.runtime import state as _runtime
-
-    return report(_runtime.current())
+    return report(state.current())
 
 
 def enforce_hbm(enabled: bool = True) -> None:
     """Make transfers that overflow a chip's HBM fail with PJRT's RESOURCE_EXHAUSTED error
     (also switched on by ``XLASIM_ENFORCE_HBM=1``)."""
-    from xlasim.runtime import state as _runtime
-
-    set_enforce(_runtime.current(), enabled)
+    state.current().memory.enforce = bool(enabled)

@@ -7,7 +7,9 @@ simulated ``torch_xla`` modules report is derived from it, so a fresh runtime me
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -27,24 +29,60 @@ TORCH_XLA_ENV = (
 )
 
 
+@dataclass
+class MemoryState:
+    """Per-chip HBM accounting of one runtime (see ``xlasim.runtime.memory``)."""
+
+    enforce: bool | None = None
+    """Whether an overflowing transfer fails; None until first asked (XLASIM_ENFORCE_HBM)."""
+    # Keyed by id: a WeakSet would compare tensors with ==, which is elementwise.
+    tracked: weakref.WeakValueDictionary[int, Any] = field(
+        default_factory=weakref.WeakValueDictionary
+    )
+    peak_bytes: dict[int, int] = field(default_factory=dict)
+    """Highest bytes in use seen per device ordinal, as ``xm.get_memory_info`` reports it."""
+
+
+@dataclass
+class HostLink:
+    """The gloo group this process shares with the slice's other simulated hosts."""
+
+    group: Any
+    """A ``torch.distributed.ProcessGroupGloo``."""
+    store: Any
+    """The ``TCPStore`` under the group, kept alive as long as the group."""
+
+
+@dataclass(eq=False)  # one runtime is one process's state: compared by identity
 class SimRuntime:
-    def __init__(self, spec: SliceSpec, host_index: int = 0) -> None:
-        tpu_host_env(spec, host_index)  # the slice model's host-index check
-        self.spec = spec
-        self.host_index = host_index
-        self.metrics = Metrics()
-        self.graphs = GraphCache(self)
-        self.default_device_index = 0
-        # (run_async, closure, args), queued by xm.add_step_closure and run after a sync.
-        self.step_closures: list[tuple[bool, Callable[..., Any], tuple[Any, ...]]] = []
-        # Set by xmp.spawn; 0 means "not replicated", which is what world_size() reads.
-        self.replication_devices = 0
-        # Set once a tensor lives on a device: torch_xla then calls the SPMD config locked.
-        self.devices_used = False
-        self.generator = torch.Generator().manual_seed(0)
-        self.rng_seed = 0
-        self.extras: dict[str, Any] = {}
-        self._saved_env: dict[str, str | None] = {}
+    """Everything one simulated process knows about its slice and its own state."""
+
+    spec: SliceSpec
+    host_index: int = 0
+    default_device_index: int = 0
+    step_closures: list[tuple[bool, Callable[..., Any], tuple[Any, ...]]] = field(
+        default_factory=list
+    )
+    """(run_async, closure, args), queued by xm.add_step_closure and run after a sync."""
+    replication_devices: int = 0
+    """0 means "not replicated", which is what world_size() reads."""
+    devices_used: bool = False
+    """Set once a tensor lives on a device: torch_xla then calls the SPMD config locked."""
+    rng_seed: int = 0
+    device_contexts: dict[str, Any] = field(default_factory=dict)
+    """``xm``'s per-device context objects, by device name."""
+    memory: MemoryState = field(default_factory=MemoryState)
+    hosts: HostLink | None = None
+    """Joined on first use, on multi-host slices only."""
+    metrics: Metrics = field(default_factory=Metrics)
+    graphs: GraphCache = field(init=False)
+    generator: torch.Generator = field(init=False)
+    _saved_env: dict[str, str | None] = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        tpu_host_env(self.spec, self.host_index)  # the slice model's host-index check
+        self.graphs = GraphCache(self.metrics)
+        self.generator = torch.Generator().manual_seed(self.rng_seed)
 
     # -- environment ---------------------------------------------------------------------
     def save_env(self) -> None:
@@ -87,11 +125,21 @@ class SimRuntime:
         return devices[:1] if self.spmd else devices
 
 
-_stack: list[SimRuntime] = []
+@dataclass
+class ProcessState:
+    """What real torch_xla keeps per process rather than per runtime.
 
-# State that real torch_xla keeps per process rather than per runtime (e.g. the xla://
-# rendezvous store), kept here because the simulated modules are re-imported per simulation.
-PROCESS_STATE: dict[str, Any] = {}
+    The simulated modules are re-imported for every simulation, so their module globals
+    cannot hold it.
+    """
+
+    rendezvous_store: Any = None
+    """The ``xla://`` rendezvous ``TCPStore``: it listens on a port, so one per process."""
+
+
+PROCESS = ProcessState()
+
+_stack: list[SimRuntime] = []
 
 
 def current() -> SimRuntime:
@@ -105,6 +153,12 @@ def current() -> SimRuntime:
 
 def active() -> SimRuntime | None:
     return _stack[-1] if _stack else None
+
+
+def count(name: str) -> None:
+    """A torch_xla counter (``TORCH_LAZY_COUNTER``) on the active runtime, if any."""
+    if _stack:
+        _stack[-1].metrics.inc(name)
 
 
 def push(runtime: SimRuntime) -> None:

@@ -1,8 +1,8 @@
 """Simulated ``xla`` device tensors: a wrapper subclass around a CPU tensor.
 
 Ops compute eagerly on the wrapped CPU tensor, so results equal eager CPU torch bit for bit,
-while each op also records a lazy-IR node (see ``_graph``) so compile accounting follows what
-real torch_xla would do with the same program.
+while each op also records a lazy-IR node (see :mod:`xlasim.runtime.graph`) so compile
+accounting follows what real torch_xla would do with the same program.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import torch
 
 from xlasim.runtime import errors as _errors
 from xlasim.runtime import graph as _graph
+from xlasim.runtime import memory
 from xlasim.runtime import state as _runtime
 from xlasim.runtime.device import FactoryKernels, set_wrapper_meta
 from xlasim.runtime.graph import InputRef, Node, RecordedCall, stable_id
@@ -399,7 +400,8 @@ def wrap_factory(elem: torch.Tensor, device: torch.device | None) -> XlaSimTenso
 def materialize(tensors: list[XlaSimTensor]) -> None:
     """Runs the graph needed for ``tensors`` only (what ``_to_cpu`` does in torch_xla)."""
     if any(t._node is not None for t in tensors):
-        _runtime.current().graphs.execute(tensors, sync_all=False)
+        runtime = _runtime.current()
+        runtime.graphs.execute(tensors, sync_all=False, spmd=runtime.spmd)
 
 
 def _to_device_target(kwargs: dict[str, Any]) -> torch.device | None:
@@ -437,8 +439,6 @@ def _copy_(func, args, kwargs):
         dst._elem.copy_(src, **kwargs)
         dst._node = None
         runtime.metrics.add_sample("TransferToDeviceTime", time.perf_counter_ns() - start)
-        from xlasim.runtime import memory
-
         memory.check_fits(runtime, dst, None)
         return dst
     if not isinstance(dst, XlaSimTensor):

@@ -61,6 +61,9 @@ class Mesh:
     device_ids: np.ndarray
     mesh_shape: tuple[int, ...]
     axis_names: tuple[str, ...] | None
+    # What get_op_sharding builds: the simulated surface's subclass also counts each one
+    # on the simulated runtime, as torch_xla's constructor does.
+    op_sharding_type: type[OpSharding] = OpSharding
 
     def __init__(
         self,
@@ -109,7 +112,7 @@ class Mesh:
             ShardingType.PARTIAL if tiles.ndim > len(spec) else sharding_type_of(spec, self.size())
         )
         groups, members = replication_groups(kind, tiles, spec)
-        return OpSharding(tiles.tolist(), groups, members, int(kind))
+        return self.op_sharding_type(tiles.tolist(), groups, members, int(kind))
 
     def __str__(self) -> str:
         """Convert Mesh to string representation (``Mesh.from_str`` reads it back)."""

@@ -13,12 +13,12 @@ see in spec strings, so they are reproduced here rule for rule:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from enum import IntEnum
 from typing import Any
 
 import numpy as np
+import torch
 
 
 class ProtoType(IntEnum):
@@ -44,13 +44,10 @@ class ShardingType(IntEnum):
     UNKNOWN = 6
 
 
-# The internal name used across the SPMD logic.
-ShardingKind = ShardingType
-
-
 class OpSharding:
-    """``torch_xla._XLAC.OpSharding``: built from the lists the Python mesh code produces.
+    """An ``xla::OpSharding`` proto, built from the lists the Python mesh code produces.
 
+    The simulated ``torch_xla._XLAC.OpSharding`` is this class plus the runtime's counter.
     Like the pybind class it exposes no fields to users; equality is identity (pybind's
     default).  Internally the proto fields are kept for the spec string and shard layout.
     """
@@ -64,23 +61,15 @@ class OpSharding:
         replication_groups: list[Any],
         sharding_type: int,
     ) -> None:
-        for name, value in (
-            ("tile_assignment", tile_assignment),
-            ("group_assignment", group_assignment),
-            ("replication_groups", replication_groups),
-        ):
-            if not isinstance(value, list):
-                raise TypeError(
-                    "__init__(): incompatible constructor arguments. The following argument "
-                    "types are supported:\n    1. torch_xla._XLAC.OpSharding(arg0: list, "
-                    f"arg1: list, arg2: list, arg3: typing.SupportsInt)\n\n{name} is "
-                    f"{type(value).__name__}, not list"
-                )
-        _count("CreateOpSharding")
+        _check_constructor_lists(tile_assignment, group_assignment, replication_groups)
+        self._on_create()
         fields = create_op_sharding_fields(
             tile_assignment, group_assignment, replication_groups, int(sharding_type)
         )
         self._type, self._dims, self._devices, self._last_tile_dim_replicate = fields
+
+    def _on_create(self) -> None:
+        """Runs for each OpSharding the constructor makes (the simulated surface counts it)."""
 
     @classmethod
     def from_fields(
@@ -136,14 +125,14 @@ class OpSharding:
         """``ShardingUtil::GetShardingType``."""
         if self._type == ProtoType.OTHER:
             return int(
-                ShardingKind.PARTIAL if self._last_tile_dim_replicate else ShardingKind.TILED
+                ShardingType.PARTIAL if self._last_tile_dim_replicate else ShardingType.TILED
             )
         return {
-            ProtoType.REPLICATED: ShardingKind.REPLICATED,
-            ProtoType.MAXIMAL: ShardingKind.MAXIMAL,
-            ProtoType.TUPLE: ShardingKind.TUPLE,
-            ProtoType.MANUAL: ShardingKind.MANUAL,
-            ProtoType.UNKNOWN: ShardingKind.UNKNOWN,
+            ProtoType.REPLICATED: ShardingType.REPLICATED,
+            ProtoType.MAXIMAL: ShardingType.MAXIMAL,
+            ProtoType.TUPLE: ShardingType.TUPLE,
+            ProtoType.MANUAL: ShardingType.MANUAL,
+            ProtoType.UNKNOWN: ShardingType.UNKNOWN,
         }[self._type].value
 
     def to_string(self) -> str:
@@ -178,13 +167,22 @@ class OpSharding:
         return f"<_XLAC.OpSharding object at {hex(id(self))}>"
 
 
-def _count(name: str) -> None:
-    """A torch_xla counter (TORCH_LAZY_COUNTER) on the active simulated runtime, if any."""
-    from xlasim.runtime import state as _runtime
-
-    rt = _runtime.active()
-    if rt is not None:
-        rt.metrics.inc(name)
+def _check_constructor_lists(
+    tile_assignment: Any, group_assignment: Any, replication_groups: Any
+) -> None:
+    """The pybind argument check of ``OpSharding(list, list, list, int)``."""
+    for name, value in (
+        ("tile_assignment", tile_assignment),
+        ("group_assignment", group_assignment),
+        ("replication_groups", replication_groups),
+    ):
+        if not isinstance(value, list):
+            raise TypeError(
+                "__init__(): incompatible constructor arguments. The following argument "
+                "types are supported:\n    1. torch_xla._XLAC.OpSharding(arg0: list, "
+                f"arg1: list, arg2: list, arg3: typing.SupportsInt)\n\n{name} is "
+                f"{type(value).__name__}, not list"
+            )
 
 
 def check_failed(condition: str, message: str) -> RuntimeError:
@@ -243,14 +241,14 @@ def create_op_sharding_fields(
     sharding_type: int,
 ) -> tuple[ProtoType, tuple[int, ...], tuple[int, ...], bool]:
     """``ShardingUtil::CreateOpSharding``."""
-    if sharding_type == ShardingKind.MANUAL:
+    if sharding_type == ShardingType.MANUAL:
         return ProtoType.MANUAL, (), (), False
-    if sharding_type in (ShardingKind.MAXIMAL, ShardingKind.REPLICATED):
+    if sharding_type in (ShardingType.MAXIMAL, ShardingType.REPLICATED):
         return ProtoType.REPLICATED, (), (), False
-    if sharding_type == ShardingKind.TILED:
+    if sharding_type == ShardingType.TILED:
         tile = _tile_list_to_array(tile_assignment)
         return ProtoType.OTHER, tile.shape, tuple(tile.flatten().tolist()), False
-    if sharding_type == ShardingKind.PARTIAL:
+    if sharding_type == ShardingType.PARTIAL:
         if len(replication_groups) == 0:
             raise check_failed(
                 "replication_groups.size() > 0",
@@ -271,7 +269,7 @@ def create_op_sharding_fields(
         for index in np.ndindex(*new_tile.shape):
             new_tile[index] = members[int(group_tile[index[:-1]])][index[-1]]
         return _partial_tile(new_tile)
-    if sharding_type == ShardingKind.UNKNOWN:
+    if sharding_type == ShardingType.UNKNOWN:
         return ProtoType.UNKNOWN, (), (), False
     # TUPLE and out-of-range values: torch_xla logs an error and keeps the default proto,
     # whose type is REPLICATED.
@@ -339,8 +337,6 @@ def replica_and_indices(
 
 def padded_shard(data: Any, indices: Any, padded_shape: Sequence[int]) -> Any:
     """``ShardingUtil::ShardTensor`` for one device: slice, then zero-pad on the right."""
-    import torch
-
     if indices is Ellipsis:
         return data.clone()
     piece = data[tuple(indices)].contiguous()
@@ -350,10 +346,3 @@ def padded_shard(data: Any, indices: Any, padded_shape: Sequence[int]) -> Any:
     if any(pads):
         piece = torch.nn.functional.pad(piece, pads, value=0)
     return piece
-
-
-def shard_bytes(sharding: OpSharding | None, global_shape: Sequence[int], itemsize: int) -> int:
-    """Bytes one device holds for a tensor of ``global_shape`` under ``sharding``."""
-    if sharding is None:
-        return math.prod(global_shape) * itemsize
-    return math.prod(shard_shape(sharding, global_shape)) * itemsize

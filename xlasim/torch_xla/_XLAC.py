@@ -2,21 +2,45 @@
 
 Each function reads or writes the active simulated runtime. Names that are not simulated raise
 ``AttributeError`` naming them, so ``hasattr`` checks behave and misuse is obvious.
+
+The SPMD functions mirror the pybind bindings of the same name in torch_xla 2.9
+(``init_python_bindings.cpp`` / ``xla_sharding_util.cpp``): the same checks, in the same
+order, failing with the same ``Check failed: <condition>: <message>`` RuntimeErrors.  The
+sharding arithmetic is ``xlasim.sharding``; moving shard data is ``xlasim.runtime.shards``.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from xlasim.runtime import state as _runtime
-from xlasim.runtime import tensor as _tensor
+from xlasim.runtime import state
+from xlasim.runtime.memory import check_fits
+from xlasim.runtime.shards import (
+    assemble_from_hosts,
+    gather_shards,
+    global_value,
+    place_input,
+    place_shards,
+)
+from xlasim.runtime.tensor import XlaSimTensor, materialize, wrap_data
+from xlasim.sharding import op_sharding
+from xlasim.sharding.device_layout import device_attributes
+from xlasim.sharding.op_sharding import (
+    ProtoType,
+    check_failed,
+    padded_shard,
+    replica_and_indices,
+    shard_shape,
+)
+from xlasim.sharding.tensor_sharding import TensorSharding
 
 
-def _rt() -> _runtime.SimRuntime:
-    return _runtime.current()
+def _rt() -> state.SimRuntime:
+    return state.current()
 
 
 def _xla_get_default_device() -> str:
@@ -85,9 +109,7 @@ def _xla_get_device_attributes(device: str) -> dict[str, object]:
 
 
 def _xla_get_all_device_attributes() -> list[dict[str, object]]:
-    from xlasim import sharding as _spmd
-
-    return _spmd.device_attributes(_rt().spec)
+    return device_attributes(_rt().spec)
 
 
 def _xla_computation_cache_is_initialized() -> bool:
@@ -107,14 +129,14 @@ def _xla_step_marker(
 ) -> None:
     rt = _rt()
     graphs = rt.graphs
-    graphs.execute(graphs.live_pending(), sync_all=True)
+    graphs.execute(graphs.live_pending(), sync_all=True, spmd=rt.spmd)
     rt.metrics.inc("MarkStep")
 
 
 def _xla_sync_multi(
     tensors: list[torch.Tensor], devices: Any = (), wait: bool = True, sync_xla_data: bool = True
 ) -> None:
-    _tensor.materialize([t for t in tensors if isinstance(t, _tensor.XlaSimTensor)])
+    materialize([t for t in tensors if isinstance(t, XlaSimTensor)])
 
 
 def _xla_tensors_from_aten(
@@ -125,13 +147,11 @@ def _xla_tensors_from_aten(
     out: list[torch.Tensor] = []
     for i, (t, device) in enumerate(zip(tensors, devices, strict=True)):
         start = time.perf_counter_ns()
-        x = _tensor.wrap_data(t.detach().clone(), torch.device(device))
+        x = wrap_data(t.detach().clone(), torch.device(device))
         rt.metrics.add_sample("TransferToDeviceTime", time.perf_counter_ns() - start)
         sharding = shardings[i] if shardings else None
-        from xlasim.runtime import xlac
-
         # Placement (replicated under SPMD, minibatch assembly across hosts, HBM check).
-        x = xlac.place_input(x, sharding)
+        x = place_input(x, sharding)
         out.append(x)
     return out
 
@@ -188,10 +208,320 @@ def _xla_get_rng_seed(device: str = "") -> int:
     return _rt().rng_seed
 
 
-def __getattr__(name: str) -> Any:
-    # The SPMD functions live with the SPMD logic; its __all__ lists what _XLAC exposes.
-    from xlasim.runtime import xlac
+# -- SPMD ------------------------------------------------------------------------------------
+class OpSharding(op_sharding.OpSharding):
+    """``torch_xla._XLAC.OpSharding(tile_assignment, group_assignment, replication_groups,
+    sharding_type)``; each one made counts as ``CreateOpSharding``, as in torch_xla."""
 
-    if name in xlac.__all__:
-        return getattr(xlac, name)
+    __slots__ = ()
+
+    def _on_create(self) -> None:
+        state.count("CreateOpSharding")
+
+
+def xla_tensor(t: Any) -> Any:
+    """``bridge::GetXlaTensor``: the simulated device tensor, or the real error."""
+    if isinstance(t, XlaSimTensor):
+        return t
+    global_tensor = getattr(t, "global_tensor", None)  # XLAShardedTensor wraps one
+    if isinstance(global_tensor, XlaSimTensor):
+        return global_tensor
+    kind = t.type() if isinstance(t, torch.Tensor) else type(t).__name__
+    raise RuntimeError(f"Expected XLA tensor. Got: {kind}")
+
+
+def _is_pending_ir(x: Any) -> bool:
+    return getattr(x, "_node", None) is not None
+
+
+def _require_spmd() -> state.SimRuntime:
+    rt = state.current()
+    if not rt.spmd:
+        raise check_failed(
+            "UseVirtualDevice()", "Please enable SPMD via `torch_xla.runtime.use_spmd()`"
+        )
+    return rt
+
+
+def _device_name(rt: state.SimRuntime, ordinal: int) -> str:
+    return f"{rt.device_type}:{ordinal}"
+
+
+def _ordinal(device: str) -> int:
+    _, _, index = device.rpartition(":")
+    return int(index)
+
+
+# -- annotation ------------------------------------------------------------------------------
+def _xla_mark_sharding(t: Any, sharding: OpSharding) -> None:
+    """``ShardingUtil::XlaMarkSharding``."""
+    state.count("XlaMarkSharding")
+    rt = _require_spmd()
+    if sharding.proto_type == ProtoType.UNKNOWN:
+        raise check_failed(
+            "sharding.type() != xla::OpSharding::UNKNOWN",
+            "Can't explicilty annotate with UNKNOWN sharding type.",
+        )
+    x = xla_tensor(t)
+    new = TensorSharding(sharding, x.shape)
+    if _is_pending_ir(x):
+        # Not device data: torch_xla attaches a custom-sharding IR node instead of moving data.
+        _annotate_custom(x, new)
+        return
+    current = x._sharding
+    if current is not None:
+        if current.same_as(new):
+            return
+        if not current.is_replicated:
+            raise check_failed(
+                "false", "Existing annotation must be cleared first: " + current.op.debug_string()
+            )
+    check_fits(rt, x, new)
+    start = time.perf_counter_ns()
+    if rt.spec.num_hosts > 1:
+        # The transfer takes each device's shard from the host that owns the device.
+        x._elem = assemble_from_hosts(rt, global_value(x), new)
+    state.count("VirtualDeviceUsage")
+    _set_sharding(x, new)
+    # The data moves to the devices as one buffer per addressable device.
+    rt.metrics.inc("CreateDataHandles", len(rt.addressable_device_ids()))
+    rt.metrics.add_sample("TransferToDeviceTime", time.perf_counter_ns() - start)
+
+
+def _set_sharding(x: Any, sharding: TensorSharding) -> None:
+    state.count("SetShardingSpec")
+    x._sharding = sharding
+
+
+def _annotate_custom(x: Any, new: TensorSharding) -> None:
+    state.count("XlaAnnotateCustomSharding")
+    _set_sharding(x, new)
+
+
+def _xla_annotate_custom_sharding(t: Any, sharding: OpSharding) -> None:
+    """``ShardingUtil::XlaAnnotateCustomSharding``."""
+    x = xla_tensor(t)
+    _require_spmd()
+    if sharding.proto_type == ProtoType.UNKNOWN:
+        raise check_failed(
+            "sharding.type() != xla::OpSharding::UNKNOWN",
+            "Can't explicilty annotate with UNKNOWN sharding type.",
+        )
+    _annotate_custom(x, TensorSharding(sharding, x.shape))
+
+
+def _mark_manual_sharding(t: Any, sharding: OpSharding) -> None:
+    x = xla_tensor(t)
+    if not _is_pending_ir(x):
+        raise check_failed(
+            "IsNonDeviceDataIR(input)", "Marking any data tensors as manual is not supported"
+        )
+    _xla_mark_sharding(x, sharding)
+
+
+def _xla_clear_sharding(t: Any) -> None:
+    xla_tensor(t)._sharding = None
+
+
+# -- queries ---------------------------------------------------------------------------------
+def _get_xla_sharding_spec(t: Any) -> str:
+    sharding = xla_tensor(t)._sharding
+    return sharding.spec_string() if sharding is not None else ""
+
+
+def _get_xla_sharding_specs(tensors: Sequence[Any]) -> list[str]:
+    return [_get_xla_sharding_spec(t) for t in tensors]
+
+
+def _get_xla_op_sharding(t: Any) -> OpSharding | None:
+    sharding = xla_tensor(t)._sharding
+    return sharding.op if sharding is not None else None
+
+
+def _get_xla_sharding_type(t: Any) -> int | None:
+    sharding = xla_tensor(t)._sharding
+    return sharding.sharding_type() if sharding is not None else None
+
+
+# -- shards ----------------------------------------------------------------------------------
+def _sharded(x: Any, message: str = "Tensor is not sharded") -> TensorSharding:
+    sharding = x._sharding
+    if sharding is None:
+        raise check_failed("xtensor->sharding_spec() != nullptr", message)
+    return sharding
+
+
+def _local_shardings(
+    tensors: Sequence[Any],
+) -> tuple[state.SimRuntime, list[int], list[tuple[Any, TensorSharding]]]:
+    """(runtime, this host's device ordinals, each device tensor with its sharding)."""
+    rt = state.current()
+    return rt, rt.addressable_device_ids(), [(x, _sharded(x)) for x in map(xla_tensor, tensors)]
+
+
+def _get_local_shards(tensors: Sequence[Any]) -> list[list[tuple[torch.Tensor, str]]]:
+    rt, local, sharded = _local_shardings(tensors)
+    out = []
+    for x, sharding in sharded:
+        value = global_value(x)
+        start = time.perf_counter_ns()
+        padded = sharding.shard_shape()
+        pieces = []
+        for _replica, indices in replica_and_indices(sharding.op, tuple(x.shape), local):
+            pieces.append(padded_shard(value, indices, padded))
+        rt.metrics.add_sample("TransferFromDeviceTime", time.perf_counter_ns() - start)
+        out.append([(p, _device_name(rt, d)) for p, d in zip(pieces, local, strict=True)])
+    return out
+
+
+def _get_local_shard_replica_and_indices(tensors: Sequence[Any]) -> list[list[tuple[int, Any]]]:
+    _, local, sharded = _local_shardings(tensors)
+    return [replica_and_indices(s.op, tuple(x.shape), local) for x, s in sharded]
+
+
+def _shape_text(shape: Sequence[int]) -> str:
+    return "[" + ", ".join(str(int(d)) for d in shape) + "]"
+
+
+def _check_shard_shapes(
+    shards: Sequence[torch.Tensor], padded: Sequence[int], condition: str
+) -> None:
+    for shard in shards:
+        if list(shard.shape) != list(padded):
+            raise check_failed(
+                condition,
+                f"Input shard shape must include padding: {_shape_text(shard.shape)} vs "
+                f"{_shape_text(padded)}",
+            )
+
+
+def _load_local_shards(t: Any, shards: Sequence[torch.Tensor], devices: Sequence[str]) -> None:
+    x = xla_tensor(t)
+    sharding = _sharded(x, "Cannot load local shards into a non sharded tensor")
+    rt = state.current()
+    local = rt.addressable_device_ids()
+    if len(devices) != len(local):
+        raise check_failed(
+            "devices.size() == client->GetLocalDevices().size()",
+            "Shards must be provided for all local devices",
+        )
+    if sharding.op.proto_type == ProtoType.REPLICATED:
+        raise check_failed(
+            "sharding.type() != xla::OpSharding::REPLICATED",
+            "Replicated tensor should not be loaded from _load_local_shards - use copy_",
+        )
+    _check_shard_shapes(shards, sharding.shard_shape(), "shard.sizes() == shard_shape")
+    value = global_value(x).clone()
+    ordinals = [_ordinal(d) for d in devices]
+    shards, ordinals = gather_shards(rt, shards, ordinals)
+    place_shards(value, sharding, shards, ordinals)
+    x._elem = value
+    x._node = None
+
+
+def _global_tensor_from_cpu_shards(
+    shards: Sequence[torch.Tensor],
+    sharding: OpSharding,
+    global_shape: Sequence[int] | None = None,
+) -> Any:
+    rt = _require_spmd()
+    local = rt.addressable_device_ids()
+    if len(local) != len(shards):
+        raise check_failed(
+            "local_devices.size() == shards.size()", "Must specify a shard for each local device"
+        )
+    if global_shape is not None and len(global_shape) != shards[0].dim():
+        raise check_failed(
+            "!global_shape.has_value() || global_shape.value().size() == shards[0].sizes().size()",
+            f"Global shape rank must agree with shard rank: expected rank {shards[0].dim()}, "
+            f"got {len(global_shape)}",
+        )
+    if global_shape is None:
+        if sharding.proto_type == ProtoType.OTHER:
+            dims = sharding.tile_assignment_dimensions
+            global_shape = [dims[d] * shards[0].shape[d] for d in range(shards[0].dim())]
+        elif sharding.proto_type == ProtoType.REPLICATED:
+            global_shape = list(shards[0].shape)
+        else:
+            raise check_failed("false", f"Unsupported OpSharding type: {int(sharding.proto_type)}")
+    spec = TensorSharding(sharding, global_shape)
+    expected = shard_shape(sharding, spec.shape)
+    _check_shard_shapes(shards, expected, "shard.sizes() == expected_shard_shape")
+    value = torch.zeros(spec.shape, dtype=shards[0].dtype)
+    if spec.op.proto_type == ProtoType.REPLICATED:
+        value.copy_(shards[0])  # each host reads back its own replica
+    else:
+        all_shards, ordinals = gather_shards(rt, shards, local)
+        place_shards(value, spec, all_shards, ordinals)
+    out = wrap_data(value, None)
+    check_fits(rt, out, spec)
+    out._sharding = spec
+    if shards[0].requires_grad:
+        out.requires_grad_(True)
+    return out
+
+
+# -- manual sharding ---------------------------------------------------------------------------
+def _spmd_full_to_shard_shape(t: Any) -> Any:
+    x = xla_tensor(t)
+    sharding = x._sharding
+    if sharding is None:
+        raise check_failed("sharding_spec != nullptr", "Input tensor is not sharded")
+    raise NotImplementedError(
+        "manual sharding (_spmd_full_to_shard_shape / enable_manual_sharding): the simulator "
+        "runs one global program and cannot run a different computation on each device's shard"
+    )
+
+
+def _spmd_shard_to_full_shape(
+    t: Any, sharding: OpSharding, output_shape: Sequence[int], output_dtype: Any
+) -> Any:
+    x = xla_tensor(t)
+    current = x._sharding
+    if current is None or current.op.proto_type != ProtoType.MANUAL:
+        raise check_failed(
+            "sharding_spec != nullptr && sharding_spec->sharding.type() == xla::OpSharding::MANUAL",
+            "Input tensor is not manual sharded",
+        )
+    raise NotImplementedError(
+        "manual sharding (_spmd_shard_to_full_shape / disable_manual_sharding) is not simulated"
+    )
+
+
+# -- input sharding (parallel loader) ----------------------------------------------------------
+class XlaShardingSpec(TensorSharding):
+    """``torch_xla._XLAC.XlaShardingSpec(tensor, tile_assignment, group_assignment,
+    replication_groups, sharding_type, minibatch)``: an OpSharding bound to a global shape.
+
+    With ``minibatch`` the tensor is this host's part of the batch and the global batch
+    dimension is ``local * global_devices / local_devices``.
+    """
+
+    __slots__ = ()
+
+    def __init__(
+        self,
+        tensor: torch.Tensor,
+        tile_assignment: list[Any],
+        group_assignment: list[Any],
+        replication_groups: list[Any],
+        sharding_type: int,
+        minibatch: bool,
+    ) -> None:
+        shape = list(tensor.shape)
+        if minibatch:
+            rt = state.current()
+            num_local = len(rt.addressable_device_ids())
+            num_global = len(rt.global_device_ids())
+            if len(tile_assignment) != num_global:
+                raise check_failed(
+                    "tile_assignment.size() == num_global_devices",
+                    "Minibatch sharding only supports sharding along the batch dimension",
+                )
+            shape[0] = shape[0] * num_global // num_local
+        op = OpSharding(tile_assignment, group_assignment, replication_groups, sharding_type)
+        super().__init__(op, shape, minibatch)
+
+
+def __getattr__(name: str) -> Any:
     raise AttributeError(f"xlasim does not simulate torch_xla._XLAC.{name}")

@@ -12,11 +12,11 @@ import torch_xla
 import torch_xla.core.xla_model as xm
 from torch_xla.utils import utils as xu
 
-from xlasim.runtime import state as _runtime
+from xlasim.runtime import state
 
 
-def _rt() -> _runtime.SimRuntime:
-    return _runtime.current()
+def _rt() -> state.SimRuntime:
+    return state.current()
 
 
 def set_device_type(pjrt_device: str) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 import torch_xla
 import torch_xla.core.xla_model as xm
+import torch_xla.distributed.xla_multiprocessing as xmp
 import torch_xla.runtime as xr
 
 
@@ -94,8 +95,6 @@ def launch(
 ) -> Any:
     if xr.is_spmd():
         raise NotImplementedError("launch function does not support SPMD at this time")
-    import torch_xla.distributed.xla_multiprocessing as xmp
-
     return xmp.spawn(
         fn, args=args, nprocs=1 if debug_single_process else None, start_method=start_method
     )

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch_xla import runtime as xr
 from torch_xla.utils import utils as xu
 
-from xlasim.runtime import state as _runtime
+from xlasim.runtime import state
 
 _store_lock = threading.Lock()
 
@@ -26,9 +26,9 @@ def pjrt_rendezvous_handler(
     with _store_lock:
         # Process-global, as the real module's store is: the simulated modules are re-imported
         # by each simulation, but a listening store must be created once per process.
-        store = _runtime.PROCESS_STATE.get("xla_rendezvous_store")
+        store = state.PROCESS.rendezvous_store
         if store is None:
-            store = _runtime.PROCESS_STATE["xla_rendezvous_store"] = dist.TCPStore(
+            store = state.PROCESS.rendezvous_store = dist.TCPStore(
                 master_ip,
                 master_port,
                 xr.process_count(),

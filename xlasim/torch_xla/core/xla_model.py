@@ -14,7 +14,8 @@ import torch_xla.runtime as runtime
 from torch import optim
 from typing_extensions import deprecated
 
-from xlasim.runtime import device_memory as _memory
+from xlasim.runtime import memory as _memory
+from xlasim.runtime import state as _runtime
 from xlasim.runtime import tensor as _tensor
 
 REDUCE_SUM = "sum"
@@ -31,9 +32,7 @@ class DeviceContext:
 
 
 def _get_device_context(device: str | torch.device | None = None) -> DeviceContext:
-    from xlasim.runtime import state as _runtime
-
-    contexts = _runtime.current().extras.setdefault("device_contexts", {})
+    contexts = _runtime.current().device_contexts
     key = str(device) if device is not None else torch_xla._XLAC._xla_get_default_device()
     if key not in contexts:
         contexts[key] = DeviceContext(key)
@@ -193,15 +192,11 @@ def add_step_closure(
     Simulated execution is synchronous, so asynchronous closures run in order at the same
     point (before the synchronous ones, as torch_xla starts them first).
     """
-    from xlasim.runtime import state as _runtime
-
     queue = _runtime.current().step_closures
     queue.append((run_async, closure, tuple(args)))
 
 
 def _run_step_closures() -> DeviceContext:
-    from xlasim.runtime import state as _runtime
-
     runtime = _runtime.current()
     queued, runtime.step_closures = runtime.step_closures, []
     for run_async in (True, False):

@@ -11,6 +11,7 @@ store, so processes of a simulated slice really exchange data; results are copie
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import torch
@@ -87,8 +88,6 @@ def _register() -> None:
     # Registration is process-global in torch.distributed and survives leaving a simulation.
     if "xla" not in dist.Backend.backend_list:
         dist.Backend.register_backend("xla", _create_xla_process_group, devices="xla")
-    import importlib
-
     rdzv_module = importlib.import_module("torch.distributed.rendezvous")
 
     if "xla" not in rdzv_module._rendezvous_handlers:
@@ -98,7 +97,8 @@ def _register() -> None:
 def _dispatch_rendezvous(
     url: str, timeout: Any = dist.constants.default_pg_timeout, **kwargs: Any
 ) -> Any:
-    # Resolved at call time: each simulation imports its own copy of this module.
+    # Resolved at call time: the handler outlives the simulation that registered it, and
+    # each simulation imports its own copy of the rendezvous module.
     import torch_xla._internal.rendezvous as current
 
     return current.pjrt_rendezvous_handler(url, timeout=timeout, **kwargs)

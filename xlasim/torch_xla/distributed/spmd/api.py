@@ -19,12 +19,7 @@ import torch_xla
 import torch_xla.runtime as xr
 from torch.distributed import DeviceMesh
 from torch.distributed.tensor.placement_types import Placement, Replicate
-from torch_xla.distributed.spmd import (
-    Mesh,
-    ShardingType,
-    XLAShardedTensor,
-    mark_sharding,
-)
+from torch_xla.distributed.spmd import Mesh, ShardingType, XLAShardedTensor, mark_sharding
 
 log = logging.getLogger(__name__)
 

@@ -53,6 +53,7 @@ def visualize_sharding(
 ) -> Any:
     """Prints a sharding spec string as a table (first two dimensions) and returns it."""
     try:
+        # Deferred, with torch_xla's message: rich is optional for torch_xla.
         from rich.align import Align
         from rich.box import SQUARE
         from rich.console import Console

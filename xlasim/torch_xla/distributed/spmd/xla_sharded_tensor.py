@@ -1,7 +1,7 @@
 """``torch_xla.distributed.spmd.xla_sharded_tensor`` on the simulator (torch_xla 2.9).
 
 Same classes, fields and behaviour as the real module; the shard data comes from the
-simulator's SPMD layer (``xlasim.runtime.xlac``) instead of PJRT buffers.
+simulator's ``torch_xla._XLAC`` instead of PJRT buffers.
 
 PYTEST_DONT_REWRITE: the asserts here are torch_xla's API (their messages are compared
 with the real ones), so pytest must not rewrite them.
@@ -21,8 +21,9 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
 from torch.utils._pytree import tree_map
+from torch_xla import _XLAC as _xlac
 
-from xlasim.runtime import xlac as _xlac
+from xlasim.sharding.op_sharding import ShardingType
 
 
 @dataclass
@@ -146,8 +147,6 @@ class XLAShardedTensor(DTensor):
 
     @property
     def sharding_type(self) -> Any:
-        from torch_xla.distributed.spmd import ShardingType
-
         sharding_type = _xlac._get_xla_sharding_type(self.global_tensor)
         return ShardingType(sharding_type)
 

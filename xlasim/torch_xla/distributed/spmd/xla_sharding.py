@@ -2,7 +2,7 @@
 
 The functions and classes of the real module, with the same argument checks, messages and
 order.  The mesh arithmetic is ``xlasim.sharding.mesh``, the C++
-bindings are ``xlasim.runtime.xlac``; JAX/torchax interop raises NotImplementedError.
+bindings are the simulated ``torch_xla._XLAC``; JAX/torchax interop raises NotImplementedError.
 
 PYTEST_DONT_REWRITE: the asserts here are torch_xla's API (their messages are compared
 with the real ones), so pytest must not rewrite them.
@@ -10,6 +10,7 @@ with the real ones), so pytest must not rewrite them.
 
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,10 +22,10 @@ import torch_xla.core.xla_model as xm
 import torch_xla.runtime as xr
 from torch import Tensor
 from torch.amp import custom_bwd, custom_fwd
+from torch_xla import _XLAC as _xlac
 from torch_xla.distributed.spmd.xla_sharded_tensor import XLAShardedTensor
 
 from xlasim.runtime import custom_ops as _custom_ops
-from xlasim.runtime import xlac as _xlac
 from xlasim.sharding import mesh as _mesh
 from xlasim.sharding.device_mesh import (
     create_device_mesh,
@@ -53,6 +54,8 @@ class Mesh(_mesh.Mesh):
       axis_names: A sequence of mesh axis names; its length should match ``mesh_shape``.
     """
 
+    op_sharding_type = _xlac.OpSharding
+
     def __init__(
         self,
         device_ids: np.ndarray | list[int],
@@ -66,8 +69,6 @@ class Mesh(_mesh.Mesh):
     @classmethod
     def from_str(cls, mesh_str: str) -> Mesh | None:
         """Create Mesh from string representation."""
-        import ast
-
         # Accepts ``str(mesh)``, with or without a leading "Mesh"; anything else is None.
         try:
             fields = ast.literal_eval(mesh_str.replace("Mesh", ""))
@@ -429,4 +430,13 @@ class MarkShardingFunction(torch.autograd.Function):
         return grad, None, None
 
 
+def _mark_sharding_from_strings(t: Tensor, mesh: str, partition_spec: str) -> Tensor:
+    """The kernel of ``xla::aot_mark_sharding``: its arguments come as strings."""
+    parsed_mesh = Mesh.from_str(mesh)
+    assert parsed_mesh is not None
+    spec = ast.literal_eval(partition_spec)
+    return mark_sharding(t.clone(), parsed_mesh, spec).global_tensor
+
+
+_custom_ops.set_mark_sharding_kernel(_mark_sharding_from_strings)
 _aot_mark_sharding = _custom_ops.aot_mark_sharding

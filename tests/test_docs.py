@@ -1,0 +1,93 @@
+"""The documentation cannot drift: every Python example runs, every name it gives exists.
+
+Each fenced ``python`` block of README.md and docs/*.md runs in a fresh interpreter (this
+one's), as a reader would paste it (see tests/docs_examples.py for the marks that say how).
+Blocks that need a TPU Ray cluster run in tests/test_backend_ray_single_host.py, on the
+simulated cluster that module keeps up; everything here and there runs in the sim tox env.
+Blocks that are deliberately not programs use another fence (``bash``, ``text``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from docs_examples import DOCS, ROOT, Example, env_for, python_examples, run
+
+EXAMPLES = python_examples()
+# The slice of the cluster tests/test_backend_ray_single_host.py runs ray-cluster examples on.
+CLUSTER_SLICE = ("2x4", "v6e")
+
+
+def _command(example: Example, tmp_path: Path) -> list[str]:
+    if example.mode == ("script",):
+        return [sys.executable, "-c", example.code]
+    if example.mode == ("pytest",):
+        (tmp_path / "test_docs_example.py").write_text(example.code)
+        # Only the xlasim plugin (see test_python_example_runs): other installed plugins
+        # would only slow the run down.
+        args = ["-q", "-p", "no:cacheprovider", "-p", "xlasim.pytest_plugin"]
+        return [sys.executable, "-m", "pytest", *args, "--xla-targets", "sim"]
+    raise ValueError(f"{example.name}: unknown docs-test mode {example.mode!r}")
+
+
+@pytest.mark.parametrize(
+    "example", [e for e in EXAMPLES if e.mode[0] != "ray-cluster"], ids=lambda e: e.name
+)
+def test_python_example_runs(example: Example, tmp_path: Path) -> None:
+    env = env_for(tmp_path)
+    env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    result = run(_command(example, tmp_path), tmp_path, env)
+    assert result.returncode == 0, f"{example.name} failed:\n{result.stdout}"
+    if example.mode == ("pytest",):
+        assert re.search(r"\b[1-9]\d* passed\b", result.stdout), result.stdout
+        assert not re.search(r"\b(failed|errors?|skipped)\b", result.stdout), result.stdout
+
+
+def test_examples_are_found() -> None:
+    # Guards the extraction itself: a changed fence syntax must not silently test nothing.
+    assert {"README.md", "backend.md", "seamless.md", "testing.md"} <= {
+        e.path.name for e in EXAMPLES
+    }
+    assert {e.mode[0] for e in EXAMPLES} == {"script", "pytest", "ray-cluster"}
+    # Cluster examples run only where a cluster of this slice is up.
+    assert {e.mode[1:] for e in EXAMPLES if e.mode[0] == "ray-cluster"} == {CLUSTER_SLICE}
+
+
+# -- names ---------------------------------------------------------------------------------------
+_NAME = re.compile(r"`((?:xlasim|tpu_backend)(?:\.[A-Za-z_]\w*)+)")
+
+
+def _resolves(name: str) -> bool:
+    """Whether ``name`` is a module of the repository or an attribute of one."""
+    parts = name.split(".")
+    if parts[:2] == ["xlasim", "torch_xla"] or parts[-1] == "pth":
+        # Files: the simulated surface is imported only as `torch_xla` inside a simulation.
+        path = ROOT / "/".join(parts)
+        return path.exists() or path.with_suffix(".py").exists() or (ROOT / name).exists()
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for attr in parts[cut:]:
+            if not hasattr(obj, attr):
+                return False
+            obj = getattr(obj, attr)
+        return True
+    return False
+
+
+def test_every_named_module_and_function_exists() -> None:
+    missing = sorted(
+        {
+            f"{path.relative_to(ROOT)}: {name}"
+            for path in DOCS
+            for name in _NAME.findall(path.read_text())
+            if not _resolves(name)
+        }
+    )
+    assert not missing, "the docs name things that do not exist:\n" + "\n".join(missing)
