@@ -574,3 +574,10 @@ def test_sim_target_fails_if_torch_xla_is_not_the_simulator(
     result = run_sim(pytester)
     result.assert_outcomes(passed=1, errors=1)
     result.stdout.fnmatch_lines(["*the torch_xla imported by this test is*not the simulator*"])
+
+
+def test_compiler_option_rejects_a_bad_name(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_nothing():\n    pass\n")
+    result = run(pytester, "--xlasim-compiler", "gcc")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--xlasim-compiler: unknown compiler 'gcc'; valid: libtpu, none"])

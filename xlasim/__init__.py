@@ -12,6 +12,8 @@ __all__ = [
     "assert_no_recompilation",
     "chip_memory",
     "clear_recompilations",
+    "compiled_graphs",
+    "compiled_graphs_report",
     "current_runtime",
     "enforce_hbm",
     "is_active",
@@ -32,6 +34,8 @@ _LAZY = {
     "recompilation_report": "xlasim.recompilation",
     "recompilations": "xlasim.recompilation",
     "chip_memory": "xlasim.runtime.memory",
+    "compiled_graphs": "xlasim.compile_report",
+    "compiled_graphs_report": "xlasim.compile_report",
     "enforce_hbm": "xlasim.runtime.memory",
 }
 

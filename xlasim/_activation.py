@@ -8,6 +8,7 @@ outermost exit puts back whatever ``torch_xla`` modules were there before.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import importlib.abc
 import importlib.machinery
@@ -20,6 +21,7 @@ from typing import Any, TypeVar
 
 from tpu_backend.machine import real_torch_xla_loaded
 from tpu_backend.topology import SliceSpec, parse_slice, tpu_host_env
+from xlasim.runtime.run_options import REPORT_ENV, resolve_compiler, resolve_dry_run
 
 _SURFACE_PARENT = os.path.dirname(os.path.abspath(__file__))
 _lock = threading.RLock()
@@ -66,8 +68,18 @@ class _LazyFinder(importlib.abc.MetaPathFinder):
             if self in sys.meta_path:
                 sys.meta_path.remove(self)
             if not _entries:
-                simulate(**self.config).__enter__()
+                runtime = simulate(**self.config).__enter__()
+                if os.environ.get(REPORT_ENV):
+                    _report_at_exit(runtime)
         return _FINDER.find_spec(fullname, path, target)
+
+
+def _report_at_exit(runtime: Any) -> None:
+    # Deferred: rich and the report load only in a process that prints it (`xlasim run
+    # --compiler`), not at every interpreter start-up.
+    from xlasim.compile_report import print_at_exit
+
+    atexit.register(print_at_exit, runtime)
 
 
 _FINDER = _SimFinder()
@@ -112,6 +124,11 @@ class simulate:  # noqa: N801 - used like a function: `with xlasim.simulate(...)
 
     Usable as a context manager or a decorator; each entry gets a fresh simulated runtime
     (metrics, compiled graphs, SPMD mode) and nested entries stack.
+
+    ``compiler="libtpu"`` also compiles every graph the simulator counts as an uncached
+    compile with the real TPU compiler for this slice (the ``tpu-compiler`` extra; see
+    docs/will-it-fit.md); ``dry_run=True`` runs on shapes only, computing no values.  Left
+    ``None``, they come from ``XLASIM_COMPILER`` and ``XLASIM_DRY_RUN``.
     """
 
     def __init__(
@@ -119,18 +136,31 @@ class simulate:  # noqa: N801 - used like a function: `with xlasim.simulate(...)
         topology: str = "2x2",
         accelerator: str | None = None,
         host_index: int = 0,
+        *,
+        compiler: str | None = None,
+        dry_run: bool | None = None,
     ) -> None:
         self.spec = parse_slice(topology, accelerator)
         # Validates the host index now, before anything (torch included) is loaded.
         tpu_host_env(self.spec, host_index)
         self.host_index = host_index
+        self.compiler = resolve_compiler(compiler)
+        self.dry_run = resolve_dry_run(dry_run)
         self._runtimes: list[Any] = []
 
     def __enter__(self) -> Any:
         with _lock:
-            if not _entries:
+            outermost = not _entries
+            if outermost:
                 _swap_in(self.spec)
-            runtime = _session().enter(self.spec, self.host_index)
+            try:
+                runtime = _session().enter(
+                    self.spec, self.host_index, compiler=self.compiler, dry_run=self.dry_run
+                )
+            except BaseException:
+                if outermost:
+                    _swap_out()
+                raise
             _entries.append(self)
             self._runtimes.append(runtime)
         return runtime

@@ -126,25 +126,31 @@ class FactoryKernels:
         self,
         wrap_new: Callable[[torch.Tensor, torch.device], torch.Tensor],
         copy_into: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        storage: Callable[[], torch.device],
     ) -> None:
         self._wrap_new = wrap_new
         self._copy_into = copy_into
+        # Where a new device tensor's values live: the CPU, or meta in a dry run.
+        self._storage = storage
         self._lib: torch.library.Library | None = None
 
     def register(self) -> None:
         if self._lib is not None:
             return
-        wrap_new = self._wrap_new
+        wrap_new, storage = self._wrap_new, self._storage
         lib = torch.library.Library("aten", "IMPL", "XLA")
 
         def empty_memory_format(
             size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None
         ):
-            cpu = torch.empty(size, dtype=dtype, layout=layout, memory_format=memory_format)
-            return wrap_new(cpu, device)
+            values = torch.empty(
+                size, dtype=dtype, layout=layout, memory_format=memory_format, device=storage()
+            )
+            return wrap_new(values, device)
 
         def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
-            return wrap_new(torch.empty_strided(size, stride, dtype=dtype, layout=layout), device)
+            values = torch.empty_strided(size, stride, dtype=dtype, layout=layout, device=storage())
+            return wrap_new(values, device)
 
         # Reached instead of the Python key where torch excludes it (torch.tensor(..., device=)).
         def copy_from(src, dst, non_blocking=False):

@@ -64,6 +64,9 @@ def host_link(rt: SimRuntime) -> HostLink | None:
 
 def all_gather(rt: SimRuntime, value: torch.Tensor) -> list[torch.Tensor]:
     """Every host's ``value`` (same shape and dtype on every host), in host order."""
+    if rt.dry_run:
+        # Shape-only values: every host's copy is alike and no host needs another's.
+        return [value] * rt.spec.num_hosts
     link = host_link(rt)
     if link is None:
         return [value]

@@ -4,12 +4,12 @@ A graph the simulator counts as an uncached compile is replayed into a functiona
 graph (``torch.fx`` with torch's own decompositions, on fake tensors: no values), lowered to jax
 (``aten_to_jax``) and compiled by libtpu for the slice's topology with the tensors' shardings.
 No TPU chip is needed: libtpu compiles for a topology it is told about.  What comes back is
-the compiler's own per-chip accounting (``memory_analysis``/``cost_analysis``); numerical
-results still come from the simulator's CPU computation.
+the compiler's own per-device accounting (``memory_analysis``/``cost_analysis``) and the
+sharding it chose for every output; numerical results still come from the simulator.
 
 Optional: needs the ``tpu-compiler`` extra (jax[tpu], which brings libtpu; libtpu is under
-Google Cloud terms, so it is never vendored).  Nothing imports this module unless the compiler
-is asked for, so ``import xlasim`` never imports jax.
+Google Cloud terms, so it is never vendored).  Only a simulation that asks for the compiler
+imports this module, so ``import xlasim`` never imports jax.
 
 Device order: libtpu's topology lists devices by chip coordinates, and the simulator's device
 ids follow the same coordinates (see ``sharding.device_layout``); devices are matched by
@@ -20,20 +20,36 @@ the representation torch_xla itself compiles with, so any tile assignment carrie
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import re
+import shutil
+import sys
 import tempfile
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-# libtpu reads these when jax loads it: a topology without chips, no metadata server.
-# Set before jax is imported; a user's own values win.
-_TPU_ENV = {
+import numpy as np
+import torch
+from torch._decomp import core_aten_decompositions
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from tpu_backend.topology import SliceSpec
+from xlasim.runtime.graph import CompiledGraph, CompileError, InputRef, Node, RecordedCall
+from xlasim.runtime.run_options import REPORT_ENV
+from xlasim.sharding.device_layout import device_attributes
+from xlasim.sharding.op_sharding import OpSharding, ProtoType
+
+# libtpu reads these when it loads: a topology without chips, no metadata server, logs in a
+# directory of ours.  Set only while it loads (a user's own values win), so that the
+# simulated program and its child processes never see a TPU environment they did not set.
+_LIBTPU_LOAD_ENV = {
     "TPU_SKIP_MDS_QUERY": "1",
     "TPU_WORKER_HOSTNAMES": "localhost",
-    "JAX_PLATFORMS": "cpu",
     # Any valid type: without one libtpu logs host-bound errors (the figures do not change).
     "TPU_ACCELERATOR_TYPE": "v5litepod-16",
     # libtpu otherwise takes /tmp/libtpu_lockfile: a second process (pytest-xdist, simulated
@@ -41,25 +57,45 @@ _TPU_ENV = {
     # lockfile". Compiling needs no chip, so processes can share it.
     "ALLOW_MULTIPLE_LIBTPU_LOAD": "1",
 }
-for _name, _value in _TPU_ENV.items():
-    os.environ.setdefault(_name, _value)
+_LOG_DIR_ENV = "TPU_LOG_DIR"
 
-import jax  # noqa: E402 - after the environment above
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from jax._src.lib import xla_client  # noqa: E402 - the GSPMD sharding proto
-from jax._src.sharding_impls import GSPMDSharding  # noqa: E402
-from jax.experimental import topologies  # noqa: E402
-from torch._decomp import core_aten_decompositions  # noqa: E402
-from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
-from torch.fx.experimental.proxy_tensor import make_fx  # noqa: E402
 
-from tpu_backend.topology import SliceSpec  # noqa: E402
-from xlasim.runtime import aten_to_jax  # noqa: E402
-from xlasim.runtime.graph import InputRef, Node, RecordedCall  # noqa: E402
-from xlasim.sharding.device_layout import device_attributes  # noqa: E402
-from xlasim.sharding.op_sharding import OpSharding, ProtoType  # noqa: E402
+@contextlib.contextmanager
+def _libtpu_load_env(log_dir: str) -> Iterator[None]:
+    wanted = {**_LIBTPU_LOAD_ENV, _LOG_DIR_ENV: log_dir}
+    added = [name for name in wanted if name not in os.environ]
+    for name in added:
+        os.environ[name] = wanted[name]
+    try:
+        yield
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
 
+
+def _private_log_dir() -> str:
+    """libtpu writes a log per process; ours go to a directory removed at exit (libtpu's
+    default, ``$TMPDIR/tpu_logs``, would keep every process's logs forever)."""
+    given = os.environ.get(_LOG_DIR_ENV)
+    if given:
+        return given
+    path = tempfile.mkdtemp(prefix="xlasim-libtpu-logs-")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
+LOG_DIR = _private_log_dir()
+
+with _libtpu_load_env(LOG_DIR):
+    import jax
+    from jax._src.lib import xla_client  # the GSPMD sharding proto
+    from jax._src.sharding_impls import GSPMDSharding
+    from jax.experimental import topologies
+
+from xlasim.runtime import aten_to_jax  # noqa: E402 - imports jax, after its environment
+
+# Compiling only: jax itself computes nothing here and must not look for accelerators.
+jax.config.update("jax_platforms", "cpu")
 # torch_xla 2.9 partitions with GSPMD, and GSPMD shardings take any device order; Shardy (jax's
 # default) would need one mesh for all inputs.
 jax.config.update("jax_use_shardy_partitioner", False)
@@ -79,19 +115,22 @@ _TOPOLOGY_NAMES = {
     "v7x": ("tpu7x", {}),
 }
 
-# Peak dense bf16 FLOP/s and HBM bytes/s per chip (Google Cloud TPU system-architecture pages).
-# Only for the roofline estimate: f32 matmuls, collectives and overlap are not modelled.
-PEAK = {
-    "v2": (45e12, 700e9),
+_topologies: dict[tuple[str, tuple[int, ...]], list[Any]] = {}
+
+# Peak dense bf16 FLOP/s and HBM bytes/s of one chip, from the Google Cloud TPU pages' "key
+# specifications" tables: v2 45 TFLOPS, 600 GBps (/tpu/docs/v2); v3 123 TFLOPS, 900 GBps (/v3);
+# v4 275 TFLOPS, 1200 GBps (/v4); v5e 197 TFLOPS, 819 GBps (/v5e); v5p 459 TFLOPS, 2765 GBps
+# (/v5p); v6e 918 TFLOPS, 1638 GBps (/v6e); TPU7x 2307 TFLOPS, 7380 GBps (/tpu7x).  Used only
+# for the roofline step-time estimate, so they live here and not in the backend's slice table.
+_CHIP_PEAKS = {
+    "v2": (45e12, 600e9),
     "v3": (123e12, 900e9),
-    "v4": (275e12, 1228e9),
+    "v4": (275e12, 1200e9),
     "v5litepod": (197e12, 819e9),
     "v5p": (459e12, 2765e9),
-    "v6e": (918e12, 1640e9),
+    "v6e": (918e12, 1638e9),
     "v7x": (2307e12, 7380e9),
 }
-
-_topologies: dict[tuple[str, tuple[int, ...]], list[Any]] = {}
 
 
 def topology_devices(spec: SliceSpec) -> list[Any]:
@@ -102,7 +141,8 @@ def topology_devices(spec: SliceSpec) -> list[Any]:
         return cached
     name, options = _TOPOLOGY_NAMES[spec.accelerator]
     shape = "x".join(str(d) for d in spec.dims)
-    devices = topologies.get_topology_desc(f"{name}:{shape}", "tpu", **options).devices
+    with _libtpu_load_env(LOG_DIR):
+        devices = topologies.get_topology_desc(f"{name}:{shape}", "tpu", **options).devices
     by_place = {(tuple(d.coords), d.core_on_chip): d for d in devices}
     ordered = []
     for attrs in device_attributes(spec):
@@ -187,6 +227,22 @@ def functional_op(op: Any) -> Any:
     raise NotImplementedError(f"the TPU compiler layer cannot replay the mutating op {op}")
 
 
+@torch.library.custom_op("xlasim_compiler::constrain", mutates_args=())
+def _constrain(x: torch.Tensor, sharding: int) -> torch.Tensor:
+    """A sharding constraint in the replayed graph: ``mark_sharding`` on a pending tensor,
+    which torch_xla records as a custom-sharding node.  ``sharding`` indexes the graph's list
+    of constraints."""
+    return x.clone()
+
+
+@_constrain.register_fake
+def _(x: torch.Tensor, sharding: int) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+CONSTRAIN = torch.ops.xlasim_compiler.constrain.default
+
+
 @dataclass
 class ReplayedGraph:
     """A recorded graph as a functional core-ATen FX graph over its device-data inputs."""
@@ -196,6 +252,10 @@ class ReplayedGraph:
     # output position -> input position, for outputs that update their own input in place
     aliases: dict[int, int]
     trace_seconds: float
+    # The shardings the graph's ``constrain`` nodes name, by index.
+    constraints: list[OpSharding] = field(default_factory=list)
+    # output position -> the sharding the program gave that output (mark_sharding).
+    output_constraints: dict[int, OpSharding] = field(default_factory=dict)
 
 
 def _post_order(roots: Sequence[Node]) -> list[tuple[Node, RecordedCall]]:
@@ -210,7 +270,7 @@ def _post_order(roots: Sequence[Node]) -> list[tuple[Node, RecordedCall]]:
         if call is None:
             raise RuntimeError(
                 f"xlasim: the pending op {item.op} was recorded before the TPU compiler was "
-                "switched on; enable it before the first op of the step"
+                "attached; enter the simulation with the compiler before the first op"
             )
         if expanded:
             seen.add(id(item))
@@ -221,13 +281,18 @@ def _post_order(roots: Sequence[Node]) -> list[tuple[Node, RecordedCall]]:
     return order
 
 
+def _sharding_of(tensor: Any) -> OpSharding | None:
+    sharding = getattr(tensor, "_sharding", None)
+    return None if sharding is None else sharding.op
+
+
 def replay(tensors: Sequence[Any]) -> ReplayedGraph:
     """The graph that materializes the pending ``tensors`` (simulated device tensors)."""
     roots = [t._node for t in tensors]
     order = _post_order(roots)
     # Device-data inputs, deduplicated by tensor identity (one buffer, one parameter).
     leaf_index: dict[int, int] = {}
-    leaves: list[tuple[Any, InputRef, Any]] = []  # (key tensor-or-None, ref, leaf key tuple)
+    inputs: list[GraphInput] = []
     for node, call in order:
         for ref in _refs(call.args, call.kwargs):
             if ref.tensor is None:
@@ -235,12 +300,10 @@ def replay(tensors: Sequence[Any]) -> ReplayedGraph:
             tensor = ref.tensor()
             ident = id(tensor) if tensor is not None else id(ref)
             if ident not in leaf_index:
-                leaf_index[ident] = len(leaves)
-                leaves.append((tensor, ref, node.inputs[ref.index]))
-    inputs = [
-        GraphInput(tuple(key[0]), key[1], ref.sharding.op if ref.sharding is not None else None)
-        for _, ref, key in leaves
-    ]
+                leaf_index[ident] = len(inputs)
+                shape, dtype = node.inputs[ref.index][:2]
+                sharding = ref.sharding.op if ref.sharding is not None else None
+                inputs.append(GraphInput(tuple(shape), dtype, sharding))
     # An output that is a tensor the graph read as device data overwrites that buffer: XLA
     # aliases the two (torch_xla donates it), which is what makes alias bytes right.
     aliases = {}
@@ -251,17 +314,38 @@ def replay(tensors: Sequence[Any]) -> ReplayedGraph:
     for in_pos in aliases.values():
         old = inputs[in_pos]
         inputs[in_pos] = GraphInput(old.shape, old.dtype, old.sharding, donated=True)
+    output_constraints = {
+        pos: sharding
+        for pos, t in enumerate(tensors)
+        if pos not in aliases and (sharding := _sharding_of(t)) is not None
+    }
+    constraints: list[OpSharding] = []
+    constraint_index: dict[str, int] = {}
 
     def run(*values: Any) -> list[Any]:
         # id(args tuple) -> the op's result: the nodes of one call's outputs share the tuple.
         results: dict[int, Any] = {}
         env: dict[int, Any] = {}
+        constrained: dict[tuple[int, int], Any] = {}
 
         def value_of(node: Node, ref: InputRef) -> Any:
             if ref.tensor is not None:
                 tensor = ref.tensor()
                 return values[leaf_index[id(tensor) if tensor is not None else id(ref)]]
-            return env[id(node.inputs[ref.index])]
+            source = node.inputs[ref.index]
+            value = env[id(source)]
+            if ref.sharding is None:
+                return value
+            # A pending value the program annotated with mark_sharding before this op.
+            text = ref.sharding.op.to_string()
+            index = constraint_index.get(text)
+            if index is None:
+                index = constraint_index[text] = len(constraints)
+                constraints.append(ref.sharding.op)
+            key = (id(source), index)
+            if key not in constrained:
+                constrained[key] = CONSTRAIN(value, index)
+            return constrained[key]
 
         for node, call in order:
             result = results.get(id(call.args))
@@ -283,7 +367,14 @@ def replay(tensors: Sequence[Any]) -> ReplayedGraph:
         fakes = [torch.empty(i.shape, dtype=i.dtype) for i in inputs]
     decompositions = dict(core_aten_decompositions())
     module = make_fx(run, decomposition_table=decompositions, tracing_mode="fake")(*fakes)
-    return ReplayedGraph(module, inputs, aliases, time.perf_counter() - start)
+    return ReplayedGraph(
+        module,
+        inputs,
+        aliases,
+        time.perf_counter() - start,
+        constraints,
+        output_constraints,
+    )
 
 
 def _refs(args: Any, kwargs: dict[str, Any]) -> list[InputRef]:
@@ -309,12 +400,19 @@ def _substitute(template: Any, node: Node, value_of: Any) -> Any:
 
 
 # -- lowering an FX graph to a jax function ------------------------------------------------------
-def jax_function(module: torch.fx.GraphModule) -> Any:
-    """``module``'s graph as a function of jax arrays (one pass over its nodes)."""
+def _constant(value: torch.Tensor) -> Any:
+    """A tensor the graph holds as a constant (a CPU tensor the program passed to an op)."""
+    dtype = aten_to_jax.jax_dtype(value.dtype)
+    if value.is_meta:  # a dry run's shape-only CPU tensor: its values do not matter here
+        return jax.numpy.zeros(tuple(value.shape), dtype)
+    return jax.numpy.asarray(value.detach().numpy()).astype(dtype)
+
+
+def jax_function(module: torch.fx.GraphModule, constraints: Sequence[Any] = ()) -> Any:
+    """``module``'s graph as a function of jax arrays (one pass over its nodes);
+    ``constraints`` are the jax shardings its ``constrain`` nodes name."""
     nodes = list(module.graph.nodes)
-    constants = {
-        name: jax.numpy.asarray(value.detach().numpy()) for name, value in module.named_buffers()
-    }
+    constants = {name: _constant(value) for name, value in module.named_buffers()}
 
     def run(*args: Any) -> list[Any]:
         env: dict[Any, Any] = {}
@@ -323,11 +421,15 @@ def jax_function(module: torch.fx.GraphModule) -> Any:
             if n.op == "placeholder":
                 env[n] = next(positional)
             elif n.op == "get_attr":
-                env[n] = constants.get(n.target, getattr(module, n.target))
+                env[n] = constants.get(n.target)
+                if env[n] is None:
+                    env[n] = _constant(getattr(module, n.target))
             elif n.op == "call_function":
                 a = torch.fx.node.map_arg(n.args, env.__getitem__)
                 k = torch.fx.node.map_arg(n.kwargs, env.__getitem__)
-                if isinstance(n.target, torch._ops.OpOverload):
+                if n.target is CONSTRAIN:
+                    env[n] = jax.lax.with_sharding_constraint(a[0], constraints[a[1]])
+                elif isinstance(n.target, torch._ops.OpOverload):
                     # The scope names the aten op in the compiler's reports (op_name=...).
                     with jax.named_scope(str(n.target)):
                         env[n] = aten_to_jax.lower(n.target)(*a, **k)
@@ -341,70 +443,33 @@ def jax_function(module: torch.fx.GraphModule) -> Any:
     return run
 
 
-# -- compiling -----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class CompiledGraph:
-    """libtpu's figures for one graph, per chip."""
-
-    key: int
-    site: str
-    argument_bytes: int
-    output_bytes: int
-    alias_bytes: int
-    temp_bytes: int
-    generated_code_bytes: int
-    flops: float
-    bytes_accessed: float
-    compile_seconds: float
-    trace_seconds: float
-    peak_flops_per_second: float
-    hbm_bytes_per_second: float
-    # What XLA's sharding propagation gave each output (the simulator cannot derive all).
-    output_shardings: tuple[OpSharding, ...] = ()
-
-    @property
-    def peak_bytes(self) -> int:
-        """HBM the program needs at once on a chip: inputs, outputs not written over an
-        input, temporaries and the program itself."""
-        return (
-            self.argument_bytes
-            + self.output_bytes
-            - self.alias_bytes
-            + self.temp_bytes
-            + self.generated_code_bytes
-        )
-
-    @property
-    def step_seconds(self) -> float:
-        """Roofline estimate: the larger of compute time at peak FLOP/s and HBM traffic time
-        at peak bandwidth. A lower bound (no collectives, no f32 slowdown, perfect overlap)."""
-        return max(
-            self.flops / self.peak_flops_per_second, self.bytes_accessed / self.hbm_bytes_per_second
-        )
-
-
-class CompileOutOfMemory(RuntimeError):
-    """A graph that does not fit a chip's HBM, as libtpu reports it."""
-
-
+# -- out of memory -------------------------------------------------------------------------------
+# Compiling once more with this option completes the compile past the first overflow, so the
+# figures and libtpu's report of the largest buffers (written to its log) are available.
 _NO_CRASH_ON_OOM = {"xla_tpu_no_crash_on_oom": True}
-
-
-def log_dir() -> str:
-    """Where libtpu writes its logs: ``TPU_LOG_DIR``, else ``tpu_logs`` under the temp dir."""
-    return os.environ.get("TPU_LOG_DIR") or os.path.join(tempfile.gettempdir(), "tpu_logs")
+# libtpu's status text starts with its code ("RESOURCE_EXHAUSTED: "), which torch_xla drops.
+_STATUS_CODE = re.compile(r"^[A-Z_]+: ")
+_ALLOCATION = re.compile(
+    r"^\s+\d+\. Size: (?P<size>\S+)\n(?:\s+Operator: (?P<op>.*)\n)?\s+Shape: (?P<shape>\S+)\n"
+    r"(?:\s+Unpadded size: \S+\n)?\s+XLA label: (?P<label>.*)\n",
+    re.MULTILINE,
+)
+_ARGUMENTS_HEADER = "Largest program arguments and outputs"
+_ARGUMENT_LABEL = re.compile(r"^Argument (\d+) ")
+# libtpu's message when one buffer alone overflows names the program operand.
+_OPERAND = re.compile(r"index: (\d+), kind: input")
+_OP_NAME = re.compile(r'op_name="(?:[^"/]*/)*?(aten\.[^"/]+)')
 
 
 def _log_file() -> str | None:
     """This process's libtpu INFO log (file names end with the process id)."""
-    directory = log_dir()
     try:
-        names = os.listdir(directory)
+        names = os.listdir(LOG_DIR)
     except OSError:
         return None
     suffix = f".{os.getpid()}"
     mine = sorted(n for n in names if ".log.INFO." in n and n.endswith(suffix))
-    return os.path.join(directory, mine[-1]) if mine else None
+    return os.path.join(LOG_DIR, mine[-1]) if mine else None
 
 
 def _log_size() -> int:
@@ -421,69 +486,55 @@ def _log_since(offset: int) -> str:
         return f.read()
 
 
-_ALLOCATION = re.compile(
-    r"^\s+\d+\. Size: (?P<size>\S+)\n(?:\s+Operator: (?P<op>.*)\n)?\s+Shape: (?P<shape>\S+)\n"
-    r"(?:\s+Unpadded size: \S+\n)?\s+XLA label: (?P<label>.*)\n",
-    re.MULTILINE,
-)
-
-
-_ARGUMENTS_HEADER = "Largest program arguments and outputs"
-
-
 def biggest_buffers(report: str, limit: int = 5) -> tuple[list[dict[str, str]], ...]:
-    """The compiler's two "largest" lists: program allocations (temporaries), then
-    arguments and outputs; ``limit`` of each."""
+    """libtpu's two "largest" lists: program allocations (temporaries), then arguments and
+    outputs; ``limit`` of each."""
     split = report.find(_ARGUMENTS_HEADER)
     parts = (report, "") if split < 0 else (report[:split], report[split:])
     lists = []
     for part in parts:
-        rows = []
-        for m in _ALLOCATION.finditer(part):
-            rows.append(
-                {
-                    "size": m["size"],
-                    "shape": m["shape"].split("{")[0],
-                    "operator": (m["op"] or "").strip(),
-                    "label": m["label"].strip()[:120],
-                }
-            )
+        rows = [
+            {
+                "size": m["size"],
+                "shape": m["shape"].split("{")[0],
+                "operator": (m["op"] or "").strip(),
+                "label": m["label"].strip(),
+            }
+            for m in _ALLOCATION.finditer(part)
+        ]
         lists.append(rows[:limit])
     return tuple(lists)
 
 
-_ARGUMENT_LABEL = re.compile(r"^Argument (\d+) ")
+def _describe_input(inputs: Sequence[GraphInput], position: int) -> str:
+    given = inputs[position]
+    sharding = given.sharding.to_string() if given.sharding is not None else "{replicated}"
+    dtype = str(given.dtype).replace("torch.", "")
+    return f"graph input {position}: shape {list(given.shape)} {dtype} sharding {sharding}"
 
 
-# libtpu's message when one buffer alone overflows names the program operand.
-_OPERAND = re.compile(r"index: (\d+), kind: input")
-
-
-def _describe_buffer(
-    row: dict[str, str], inputs: Sequence[GraphInput], position: int | None = None
-) -> str:
+def _describe_buffer(row: dict[str, str], inputs: Sequence[GraphInput]) -> str:
     text = f"  {row['size']:>8} {row['shape']}"
     argument = _ARGUMENT_LABEL.match(row["label"])
-    if argument:
-        position = int(argument[1])
-    if position is not None and position < len(inputs):
-        given = inputs[position]
-        sharding = given.sharding.to_string() if given.sharding is not None else "{replicated}"
-        return (
-            f"{text} graph input {position}: shape {list(given.shape)} "
-            f"{str(given.dtype).replace('torch.', '')} sharding {sharding}"
-        )
-    return f"{text} {row['operator'] or row['label']}"
+    if argument and int(argument[1]) < len(inputs):
+        return f"{text} {_describe_input(inputs, int(argument[1]))}"
+    op = _OP_NAME.search(row["operator"])
+    return f"{text} {op[1] if op else row['label'][:100]}"
 
 
-def _oom_report(text: str) -> str:
-    start = text.find("Total hbm usage")
+def _oom_report(log: str) -> str:
+    start = log.find("Total hbm usage")
     if start < 0:
         return ""
-    end = text.find("\nI", text.find("Largest program arguments and outputs", start))
-    return text[start : end if end > 0 else None]
+    end = log.find("\nI", log.find(_ARGUMENTS_HEADER, start))
+    return log[start : end if end > 0 else None]
 
 
+def _gib(num_bytes: float) -> str:
+    return f"{num_bytes / 2**30:.2f} GiB"
+
+
+# -- compiling -----------------------------------------------------------------------------------
 class LibtpuCompiler:
     """Compiles the simulator's graphs for one slice; results are cached by graph hash."""
 
@@ -492,53 +543,79 @@ class LibtpuCompiler:
             raise NotImplementedError(f"libtpu has no topology for {spec.accelerator}")
         self.spec = spec
         self.devices = topology_devices(spec)
+        per_chip = spec.devices_per_chip
+        flops, bandwidth = _CHIP_PEAKS[spec.accelerator]
+        self.hbm_bytes = spec.hbm_bytes_per_chip // per_chip
+        self.peak_flops_per_second = flops / per_chip
+        self.hbm_bytes_per_second = bandwidth / per_chip
+        # By graph hash, in compile order: what xlasim.compiled_graphs() lists.
         self.compiled: dict[int, CompiledGraph] = {}
-        self.hbm_bytes = spec.hbm_bytes_per_chip
+        self._progress = bool(os.environ.get(REPORT_ENV))
 
-    def compile_pending(self, tensors: Sequence[Any], key: int, site: str = "") -> CompiledGraph:
-        """Compile the graph materializing ``tensors`` (what a sync of them would compile)."""
+    def compile_graph(self, tensors: list[Any], key: int, site: str) -> CompiledGraph:
+        """Compile the graph materializing ``tensors`` (what a sync of them compiles)."""
         cached = self.compiled.get(key)
         if cached is not None:
             return cached
-        graph = replay(tensors)
-        result = self.compile(graph, key, site)
+        if self._progress:
+            print(
+                f"xlasim: compiling graph {key & 0xFFFFFFFF:08x} ({site}) with libtpu for "
+                f"{self.spec.accelerator} {self.spec.topology} ({self.spec.num_devices} "
+                "devices); large slices take minutes",
+                file=sys.stderr,
+                flush=True,
+            )
+        result = self.compile(replay(tensors), key, site)
         self.compiled[key] = result
+        if self._progress:
+            print(
+                f"xlasim: graph {key & 0xFFFFFFFF:08x} compiled in {result.compile_seconds:.1f}s: "
+                f"peak {_gib(result.peak_bytes)} of {_gib(self.hbm_bytes)} per device",
+                file=sys.stderr,
+                flush=True,
+            )
         return result
 
     def compile(self, graph: ReplayedGraph, key: int = 0, site: str = "") -> CompiledGraph:
+        start = time.perf_counter()
         shardings = [jax_sharding(i.sharding, self.devices) for i in graph.inputs]
         avals = [
             jax.ShapeDtypeStruct(i.shape, aten_to_jax.jax_dtype(i.dtype), sharding=s)
             for i, s in zip(graph.inputs, shardings, strict=True)
         ]
-        body = jax_function(graph.module)
-        aliases = graph.aliases
+        body = jax_function(
+            graph.module, [jax_sharding(c, self.devices) for c in graph.constraints]
+        )
+        # An output written over its input keeps the input's sharding, so XLA can alias it;
+        # an output the program annotated keeps that sharding.
+        out_shardings = {out: shardings[inp] for out, inp in graph.aliases.items()}
+        for out, sharding in graph.output_constraints.items():
+            out_shardings[out] = jax_sharding(sharding, self.devices)
 
         def fn(*args: Any) -> list[Any]:
             outs = body(*args)
-            # An output written over its input keeps the input's sharding, so XLA can alias.
-            for out_pos, in_pos in aliases.items():
-                outs[out_pos] = jax.lax.with_sharding_constraint(outs[out_pos], shardings[in_pos])
+            for position, sharding in out_shardings.items():
+                outs[position] = jax.lax.with_sharding_constraint(outs[position], sharding)
             return outs
 
-        donate = tuple(sorted(set(aliases.values())))
+        donate = tuple(sorted(set(graph.aliases.values())))
         lowered = jax.jit(fn, donate_argnums=donate, keep_unused=True).lower(*avals)
+        trace = graph.trace_seconds + time.perf_counter() - start
         offset = _log_size()
         start = time.perf_counter()
         try:
             executable = lowered.compile()
-        except Exception as exc:  # jax raises its own JaxRuntimeError type
-            if "RESOURCE_EXHAUSTED" not in str(exc):
-                raise
-            raise self._out_of_memory(lowered, str(exc), offset, graph.inputs) from None
+        except Exception as exc:  # noqa: BLE001 - jax raises its own JaxRuntimeError type
+            raise self._failure(lowered, str(exc), offset, graph.inputs, key, site) from None
         seconds = time.perf_counter() - start
-        return self._figures(executable, key, site, seconds, graph.trace_seconds)
+        return self._figures(executable, key, site, seconds, trace)
 
-    def _figures(self, executable: Any, key: int, site: str, seconds: float, trace: float):
+    def _figures(
+        self, executable: Any, key: int, site: str, seconds: float, trace: float
+    ) -> CompiledGraph:
         memory = executable.memory_analysis()
         cost = executable.cost_analysis()
         cost = cost[0] if isinstance(cost, list) else cost
-        flops, bandwidth = PEAK[self.spec.accelerator]
         return CompiledGraph(
             key=key,
             site=site,
@@ -551,48 +628,52 @@ class LibtpuCompiler:
             bytes_accessed=float(cost.get("bytes accessed", 0.0)),
             compile_seconds=seconds,
             trace_seconds=trace,
-            peak_flops_per_second=flops,
-            hbm_bytes_per_second=bandwidth,
+            peak_flops_per_second=self.peak_flops_per_second,
+            hbm_bytes_per_second=self.hbm_bytes_per_second,
+            hbm_bytes=self.hbm_bytes,
             output_shardings=tuple(op_sharding(s) for s in executable.output_shardings),
         )
 
-    def _out_of_memory(
-        self, lowered: Any, message: str, offset: int, inputs: Sequence[GraphInput]
-    ) -> CompileOutOfMemory:
+    def _failure(
+        self,
+        lowered: Any,
+        status: str,
+        offset: int,
+        inputs: Sequence[GraphInput],
+        key: int,
+        site: str,
+    ) -> CompileError:
+        """The compile error torch_xla would raise, with libtpu's figures and the biggest
+        buffers (mapped back to the graph's inputs) when the graph does not fit."""
+        message = _STATUS_CODE.sub("", status.strip(), count=1)
+        if not status.startswith("RESOURCE_EXHAUSTED"):
+            return CompileError(message)
+        lines = [
+            message,
+            f"xlasim: graph {key & 0xFFFFFFFF:08x} cut at {site or '<unknown>'} does not fit "
+            f"{self.spec.accelerator} {self.spec.topology} ({_gib(self.hbm_bytes)} of HBM per "
+            "device); libtpu's figures per device:",
+        ]
         # libtpu's fast out-of-memory exit names no buffer; compiling again without stopping
-        # at the first overflow writes its full report (largest allocations) to the log.
-        figures = None
-        detail = ""
+        # at the first overflow gives the figures and writes the per-buffer report to the log.
         try:
-            figures = self._figures(lowered.compile(_NO_CRASH_ON_OOM), 0, "", 0.0, 0.0)
+            figures = self._figures(lowered.compile(_NO_CRASH_ON_OOM), key, site, 0.0, 0.0)
         except Exception as exc:  # noqa: BLE001 - e.g. one input alone larger than HBM
-            detail = str(exc).strip()
-        report = _oom_report(_log_since(offset))
-        lines = [f"Bad StatusOr access: {message.strip()}"]
-        if detail:
-            lines.append(detail.splitlines()[0])
+            detail = _STATUS_CODE.sub("", str(exc).strip().splitlines()[0], count=1)
+            lines.append(f"  {detail}")
             operand = _OPERAND.search(detail)
             if operand and int(operand[1]) < len(inputs):
-                lines.append(
-                    _describe_buffer(
-                        {"size": "", "shape": "", "label": ""}, inputs, int(operand[1])
-                    ).strip()
-                )
-        if figures is not None:
+                lines.append(f"  that buffer is {_describe_input(inputs, int(operand[1]))}")
+        else:
             lines.append(
-                f"per chip: arguments {figures.argument_bytes:,} B, outputs "
-                f"{figures.output_bytes:,} B (aliased {figures.alias_bytes:,} B), temporaries "
-                f"{figures.temp_bytes:,} B, program {figures.generated_code_bytes:,} B; "
-                f"HBM {self.hbm_bytes:,} B"
+                f"  arguments {figures.argument_bytes:,} B, outputs {figures.output_bytes:,} B "
+                f"(aliased with arguments {figures.alias_bytes:,} B), temporaries "
+                f"{figures.temp_bytes:,} B, program {figures.generated_code_bytes:,} B: "
+                f"peak {figures.peak_bytes:,} B of {self.hbm_bytes:,} B"
             )
-        temporaries, arguments = biggest_buffers(report)
+        temporaries, arguments = biggest_buffers(_oom_report(_log_since(offset)))
         for title, rows in (("temporaries", temporaries), ("arguments and outputs", arguments)):
             if rows:
-                lines.append(f"largest {title} per chip:")
+                lines.append(f"largest {title} per device:")
                 lines += [_describe_buffer(row, inputs) for row in rows]
-        if not report:
-            lines.append(f"(libtpu's per-buffer report is in {log_dir()})")
-        error = CompileOutOfMemory("\n".join(lines))
-        error.figures = figures  # type: ignore[attr-defined]
-        error.report = report  # type: ignore[attr-defined]
-        return error
+        return CompileError("\n".join(lines))

@@ -74,6 +74,8 @@ class SimRuntime:
     memory: MemoryState = field(default_factory=MemoryState)
     hosts: HostLink | None = None
     """Joined on first use, on multi-host slices only."""
+    dry_run: bool = False
+    """Shape-only values (meta tensors): see ``xlasim.runtime.dry_run``."""
     metrics: Metrics = field(default_factory=Metrics)
     graphs: GraphCache = field(init=False)
     generator: torch.Generator = field(init=False)

@@ -14,12 +14,12 @@ from typing import Any
 
 import torch
 
+from xlasim.runtime import dry_run, memory
 from xlasim.runtime import errors as _errors
 from xlasim.runtime import graph as _graph
-from xlasim.runtime import memory
 from xlasim.runtime import state as _runtime
 from xlasim.runtime.device import FactoryKernels, set_wrapper_meta
-from xlasim.runtime.graph import InputRef, Node, RecordedCall, stable_id
+from xlasim.runtime.graph import CompileError, InputRef, Node, RecordedCall, stable_id
 
 aten = torch.ops.aten
 
@@ -58,6 +58,8 @@ class XlaSimTensor(torch.Tensor):
 
     def __repr__(self, *, tensor_contents: Any = None) -> Any:  # type: ignore[override]
         materialize([self])
+        if self._elem.is_meta:
+            raise dry_run.needs_values("printing a device tensor")
         text = torch._tensor_str._str(self._elem.detach())
         suffix = f"device='{self.device}'"
         grad = self.grad_fn
@@ -270,9 +272,13 @@ def _run(info: _OpInfo, args: Any, kwargs: Any) -> Any:
         out = info.call(*cargs, **kwargs) if kwargs else info.call(*cargs)
     except RuntimeError as exc:
         message = _errors.translate(info.op, tuple(cargs), exc)
-        if message is None:
-            raise
-        raise RuntimeError(message) from None
+        if message is not None:
+            raise RuntimeError(message) from None
+        if runtime.dry_run:
+            shape_only = dry_run.cannot_compute(info.op, exc)
+            if shape_only is not None:
+                raise shape_only from None
+        raise
     base = hash(tuple(parts))
     device = wrappers[0]._device if wrappers else xla_device(runtime.default_device_index)
     pending = runtime.graphs.pending
@@ -369,6 +375,8 @@ def _run_recorded(info: _OpInfo, args: Any, kwargs: Any) -> Any:
 def wrap_data(elem: torch.Tensor, device: torch.device | None) -> XlaSimTensor:
     """A device-data tensor (no pending IR), as a host-to-device transfer produces."""
     runtime = _runtime.current()
+    if runtime.dry_run:
+        elem = dry_run.shape_only(elem)
     index = (
         device.index
         if device is not None and device.index is not None
@@ -397,11 +405,18 @@ def wrap_factory(elem: torch.Tensor, device: torch.device | None) -> XlaSimTenso
     return t
 
 
-def materialize(tensors: list[XlaSimTensor]) -> None:
-    """Runs the graph needed for ``tensors`` only (what ``_to_cpu`` does in torch_xla)."""
+def materialize(tensors: list[XlaSimTensor], compile_error: type[Exception] = RuntimeError) -> None:
+    """Runs the graph needed for ``tensors`` only (what ``_to_cpu`` does in torch_xla).
+
+    A graph the real compiler rejects raises ``compile_error`` with its message: RuntimeError
+    from aten ops, ValueError from torch_xla's pybind functions.
+    """
     if any(t._node is not None for t in tensors):
         runtime = _runtime.current()
-        runtime.graphs.execute(tensors, sync_all=False, spmd=runtime.spmd)
+        try:
+            runtime.graphs.execute(tensors, sync_all=False, spmd=runtime.spmd)
+        except CompileError as exc:
+            raise compile_error(str(exc)) from None
 
 
 def _to_device_target(kwargs: dict[str, Any]) -> torch.device | None:
@@ -417,6 +432,8 @@ def _to_copy(func, args, kwargs):
         # Device to host: runs the pending graph first, then transfers.
         runtime = _runtime.current()
         materialize([src])
+        if runtime.dry_run:
+            raise dry_run.needs_values(f"copying a device tensor to {target.type}")
         start = time.perf_counter_ns()
         out = aten._to_copy.default(src._elem, **cpu_kwargs)
         if target.type != "cpu":
@@ -443,6 +460,8 @@ def _copy_(func, args, kwargs):
         return dst
     if not isinstance(dst, XlaSimTensor):
         materialize([src])
+        if src._elem.is_meta:
+            raise dry_run.needs_values(f"copying a device tensor into a {dst.device.type} tensor")
         dst.copy_(src._elem, **kwargs)
         return dst
     return _run_op(func, args, kwargs)
@@ -452,6 +471,10 @@ def _local_scalar_dense(func, args, kwargs):
     src = args[0]
     runtime = _runtime.current()
     materialize([src])
+    if runtime.dry_run:
+        raise dry_run.needs_values(
+            "reading a device tensor's value (.item(), bool(), int(), float(), an if on it)"
+        )
     # torch_xla has no lowering for it: it is a CPU fallback, counted as such.
     runtime.metrics.inc("aten::_local_scalar_dense")
     start = time.perf_counter_ns()
@@ -471,4 +494,9 @@ def _copy_into(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
     return _copy_(aten.copy_.default, (dst, src), {})
 
 
-FACTORY_KERNELS = FactoryKernels(wrap_factory, _copy_into)
+def _storage_device() -> torch.device:
+    """Where device tensors keep their values: the CPU, or nowhere (meta) in a dry run."""
+    return dry_run.META if _runtime.current().dry_run else _CPU
+
+
+FACTORY_KERNELS = FactoryKernels(wrap_factory, _copy_into, _storage_device)

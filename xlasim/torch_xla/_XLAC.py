@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from xlasim.runtime import state
+from xlasim.runtime.graph import CompileError
 from xlasim.runtime.memory import check_fits
 from xlasim.runtime.shards import (
     assemble_from_hosts,
@@ -129,14 +130,19 @@ def _xla_step_marker(
 ) -> None:
     rt = _rt()
     graphs = rt.graphs
-    graphs.execute(graphs.live_pending(), sync_all=True, spmd=rt.spmd)
+    try:
+        graphs.execute(graphs.live_pending(), sync_all=True, spmd=rt.spmd)
+    except CompileError as exc:
+        # torch_xla turns a failed XLA compile into std::invalid_argument, which pybind11
+        # raises as ValueError (the aten ops that materialize raise it as RuntimeError).
+        raise ValueError(str(exc)) from None
     rt.metrics.inc("MarkStep")
 
 
 def _xla_sync_multi(
     tensors: list[torch.Tensor], devices: Any = (), wait: bool = True, sync_xla_data: bool = True
 ) -> None:
-    materialize([t for t in tensors if isinstance(t, XlaSimTensor)])
+    materialize([t for t in tensors if isinstance(t, XlaSimTensor)], ValueError)
 
 
 def _xla_tensors_from_aten(
