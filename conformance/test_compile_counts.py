@@ -98,3 +98,31 @@ def test_metrics_api(xla_target):
     assert "CompileTime" in met.metric_names()
     met.clear_metrics()
     assert met.metric_names() == []
+
+
+def test_short_metrics_report_picks_names(xla_target):
+    import torch_xla
+    import torch_xla.debug.metrics as met
+
+    dev = torch_xla.device()
+    for _ in range(2):  # the second, identical graph is a cached compile
+        doubled = torch.ones(3, device=dev) * 2  # kept alive: only live tensors are computed
+        torch_xla.sync()
+    assert doubled.cpu().tolist() == [2.0] * 3
+
+    def headers(report):
+        return {line for line in report.splitlines() if not line.startswith("  ")}
+
+    # names that were never recorded are left out; unasked ones are too
+    picked = met.short_metrics_report(["MarkStep", "Nope"], ["CompileTime", "Nope"])
+    assert headers(picked) == {"Metric: CompileTime", "Counter: MarkStep"}
+    assert "  TotalSamples: 1\n" in picked and "  Value: 2\n" in picked
+    # no names (None or empty) means CachedCompile, MarkStep and the compile/execute/transfer
+    # timings
+    default = met.short_metrics_report()
+    assert {"Counter: CachedCompile", "Counter: MarkStep", "Metric: CompileTime"} <= headers(
+        default
+    )
+    assert "Metric: ExecuteTime" in headers(default)
+    assert "Counter: UncachedCompile" not in headers(default)
+    assert headers(met.short_metrics_report([], [])) == headers(default)

@@ -103,17 +103,9 @@ def test_unsharded_parameters_recompile_once_under_spmd(xla_target):
     assert torch_xla._XLAC._get_xla_sharding_spec(model.weight) == "{replicated}"
 
 
-def test_bf16_mixed_precision_autocasts_on_xla(xla_target, request):
+def test_bf16_mixed_precision_autocasts_on_xla(xla_target):
     """``mixed_precision='bf16'`` is ``torch.autocast('xla', dtype=torch.bfloat16)``: a Linear
     in the region computes in bf16 (real torch_xla 2.9 CPU: ``torch.bfloat16``)."""
-    if xla_target.name == "sim":
-        request.applymarker(
-            pytest.mark.xfail(
-                raises=NotImplementedError,
-                strict=True,
-                reason="xlasim does not register AutocastXLA kernels (torch.autocast('xla'))",
-            )
-        )
     from tpu_backend.seamless import SeamlessTPUTrainer
 
     trainer = SeamlessTPUTrainer(torch.nn.Linear(4, 2), mixed_precision="bf16")

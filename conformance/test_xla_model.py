@@ -145,6 +145,35 @@ def test_optimizer_step(xla_target):
     assert model.weight.detach().cpu().tolist() == [[0.0, -3.0, 2.0]]
 
 
+def test_optimizer_step_with_closure_and_barrier(xla_target):
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+    import torch_xla.debug.metrics as met
+
+    dev = torch_xla.device()
+    model = torch.nn.Linear(3, 1).to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def closure():
+        opt.zero_grad()
+        loss = model(torch.ones(2, 3, device=dev)).sum()
+        loss.backward()
+        return loss
+
+    torch_xla.sync()
+    steps = met.counter_value("MarkStep")
+    # optimizer_args reach optimizer.step(); its result comes back
+    loss = xm.optimizer_step(opt, optimizer_args={"closure": closure})
+    assert isinstance(loss, torch.Tensor) and loss.device == dev
+    assert met.counter_value("MarkStep") == steps  # no barrier: no sync
+    xm.optimizer_step(opt, barrier=True, optimizer_args={"closure": closure})
+    assert met.counter_value("MarkStep") == steps + 1
+    with pytest.raises(
+        TypeError, match=r"^SGD.step\(\) got an unexpected keyword argument 'bogus'$"
+    ):
+        xm.optimizer_step(opt, optimizer_args={"bogus": 1})
+
+
 def test_save_loads_back_on_cpu(xla_target, tmp_path):
     import torch_xla
     import torch_xla.core.xla_model as xm

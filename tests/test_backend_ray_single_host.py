@@ -16,6 +16,7 @@ from ray.train import RunConfig, ScalingConfig  # noqa: E402
 
 import tpu_backend  # noqa: E402
 from xlasim import demo  # noqa: E402
+from xlasim.pytest_plugin import real_torch_xla_unavailable  # noqa: E402
 from xlasim.ray_cluster import (  # noqa: E402
     error_chain_text,
     fit_with_deadline,
@@ -101,6 +102,10 @@ def test_config_for_a_different_host_fails_fast(v6e_8_cluster, tmp_path):
     assert "configured for v6e-4" in text, text
 
 
+@pytest.mark.skipif(
+    real_torch_xla_unavailable() is None,
+    reason="real torch_xla is installed here, so the workers' TPU hosts have it",
+)
 def test_missing_torch_xla_on_a_tpu_host_is_a_clear_error(v6e_8_cluster, tmp_path):
     # Workers started without the simulator are TPU hosts without torch_xla.
     trainer, _ = _trainer(tmp_path, run_env={"XLASIM_TOPOLOGY": ""})

@@ -44,6 +44,14 @@ def test_run_passes_the_exit_code_through():
     assert out.returncode == 3
 
 
+@installed
+def test_run_reports_a_child_killed_by_a_signal_as_a_shell_does():
+    kill = "import os, signal; os.kill(os.getpid(), signal.SIGABRT)"
+    out = _xlasim("run", "--topology", "2x2", "--", sys.executable, "-c", kill)
+    assert out.returncode == 128 + 6
+    assert "killed by SIGABRT" in out.stderr
+
+
 def test_run_rejects_a_bad_topology_before_starting_anything(capsys):
     assert main(["run", "--topology", "0x4", "--", "false"]) == 2
     assert "'0x4'" in capsys.readouterr().err

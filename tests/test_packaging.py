@@ -158,6 +158,19 @@ def _probe(python: Path | str, **env: str) -> dict[str, bool]:
     return result
 
 
+def test_wheel_carries_the_apache_license(wheel_path: Path, wheel_names: set[str]) -> None:
+    meta = email.parser.Parser().parsestr(_read_member(wheel_path, ".dist-info/METADATA"))
+    # PEP 639: an SPDX expression plus the license file, shipped inside .dist-info/licenses/
+    assert meta["License-Expression"] == "Apache-2.0"
+    assert meta.get_all("License-File") == ["LICENSE"]
+    shipped = [n for n in wheel_names if n.endswith(".dist-info/licenses/LICENSE")]
+    assert len(shipped) == 1, sorted(wheel_names)
+    text = _read_member(wheel_path, ".dist-info/licenses/LICENSE")
+    assert text == (ROOT / "LICENSE").read_text()
+    assert text.lstrip().startswith("Apache License\n                           Version 2.0")
+    assert "Copyright 2026 the xlasim authors" in text
+
+
 def test_wheel_pth_runs_autoactivate_only_when_topology_is_set(
     wheel_path: Path, tmp_path: Path
 ) -> None:

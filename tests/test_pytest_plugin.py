@@ -11,7 +11,6 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -22,7 +21,6 @@ from xlasim import pytest_plugin as plugin
 
 pytest_plugins = ["pytester"]
 
-REAL_XLA_REASON = plugin.real_torch_xla_unavailable()
 # pytester gives each run its own HOME; keep the user's cache root so sim subprocesses find the
 # simulator's JIT-built extension in torch's extension cache instead of rebuilding it.
 CACHE_ROOT = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
@@ -42,16 +40,19 @@ def _load_args() -> list[str]:
     return [] if installed else ["-p", "xlasim.pytest_plugin"]
 
 
+# Inner sessions keep file order even where pytest-randomly is installed (it would shuffle the
+# lines the tests match in order).
+_INNER_ARGS = ("-p", "no:cacheprovider", "-p", "no:randomly", "-rA")
+
+
 def run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
-    return pytester.runpytest(*_load_args(), "-p", "no:cacheprovider", "-rA", *args)
+    return pytester.runpytest(*_load_args(), *_INNER_ARGS, *args)
 
 
 def run_sim(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
     """Sim-target runs go to a subprocess: an in-process pytester run drops the modules first
     imported inside it (the simulator's included) from sys.modules when it ends."""
-    return pytester.runpytest_subprocess(
-        *_load_args(), "-p", "no:cacheprovider", "-rA", *args, timeout=300
-    )
+    return pytester.runpytest_subprocess(*_load_args(), *_INNER_ARGS, *args, timeout=300)
 
 
 @pytest.fixture
@@ -406,37 +407,6 @@ def test_real_target_subprocess_is_bounded_by_the_timeout(
     pid = int(pid_file.read_text())
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
-
-
-# ---------------------------------------------------------------------------------------------
-# Real torch_xla: isolation between tests (or the skip reason where it is not installed)
-
-
-def test_each_real_target_test_gets_a_fresh_torch_xla(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(
-        """
-        def test_enables_spmd(xla_target):
-            import torch_xla.runtime as xr
-            xr.use_spmd()
-            assert xr.is_spmd()
-            assert xr.addressable_device_count() == 1
-
-        def test_sees_plain_mode(xla_target):
-            import torch_xla.runtime as xr
-            assert not xr.is_spmd()
-            assert xr.addressable_device_count() == xla_target.num_devices == 4
-            assert xr.device_type() == "CPU"
-        """
-    )
-    had_torch_xla = sys.modules.get("torch_xla")
-    result = run(pytester, "--xla-targets", "xla_cpu", "-p", "no:randomly")
-    if REAL_XLA_REASON is None:
-        result.assert_outcomes(passed=2)
-    else:
-        result.assert_outcomes(skipped=2)
-        result.stdout.fnmatch_lines([f"SKIPPED*xla_cpu target unavailable: {REAL_XLA_REASON}"])
-    # the parent never imports real torch_xla
-    assert sys.modules.get("torch_xla") is had_torch_xla
 
 
 # ---------------------------------------------------------------------------------------------

@@ -23,7 +23,16 @@ from ruamel.yaml import YAML
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
-CI_ENVS = {"sim", "xla-cpu", "lint"}
+
+
+def _tox() -> configparser.ConfigParser:
+    tox = configparser.ConfigParser(interpolation=None)
+    tox.read(ROOT / "tox.ini")
+    return tox
+
+
+# What CI runs: every env of tox's default list.
+CI_ENVS = {e.strip() for e in _tox()["tox"]["env_list"].split(",")}
 
 
 def _load(path: Path) -> Any:
@@ -101,10 +110,7 @@ def test_ci_runs_every_tox_env_and_tox_defines_them() -> None:
         for script, _ in _run_scripts(job):
             run_envs |= _tox_envs_in(script)
     assert run_envs == CI_ENVS
-
-    tox = configparser.ConfigParser(interpolation=None)
-    tox.read(ROOT / "tox.ini")
-    assert {f"testenv:{e}" for e in CI_ENVS} <= set(tox.sections()), tox.sections()
+    assert {f"testenv:{e}" for e in CI_ENVS} <= set(_tox().sections()), _tox().sections()
 
 
 def _resolve(script: str, env: dict[str, str], inputs: dict[str, str]) -> list[str]:
@@ -168,4 +174,17 @@ def test_ci_script_is_valid_bash_and_runs_all_envs() -> None:
     text = script.read_text()
     assert "set -euo pipefail" in text
     subprocess.run(["bash", "-n", str(script)], check=True, timeout=30)
-    assert set(re.findall(r"\b(sim|xla-cpu|lint)\b", text)) == CI_ENVS
+    default = re.search(r"XLASIM_CI_ENVS:-([^}]*)\}", text)
+    assert default, "no default env list in .ci/run"
+    assert set(default.group(1).split()) == CI_ENVS
+    limits = dict(re.findall(r"\[([\w-]+)\]=(\d+)", text))
+    assert set(limits) == CI_ENVS
+    # The per-env limits together stay within CI's 90 minutes.
+    assert sum(map(int, limits.values())) <= 90 * 60, limits
+
+
+def test_readme_names_what_ci_runs() -> None:
+    readme = (ROOT / "README.md").read_text()
+    claim = re.search(r"`tox -e ([\w,-]+)` runs everything CI runs", readme)
+    assert claim, "the README no longer says which tox command runs everything CI runs"
+    assert set(claim.group(1).split(",")) == CI_ENVS

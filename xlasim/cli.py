@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import sysconfig
@@ -81,9 +82,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
             "(`pip install -e .` or `pip install xlasim`)"
         )
     try:
-        return subprocess.call(command, env=env)
+        rc = subprocess.call(command, env=env)
     except FileNotFoundError:
         raise SystemExit(f"xlasim run: command not found: {command[0]!r}") from None
+    if rc < 0:
+        # Killed by a signal: exit as a shell reports it (128 + N), not as the byte that -N
+        # wraps to (SIGABRT would read 250), and say which signal.
+        print(f"xlasim run: {command[0]} was killed by {signal.Signals(-rc).name}", file=sys.stderr)
+        return 128 - rc
+    return rc
 
 
 def _cmd_describe(args: argparse.Namespace) -> int:

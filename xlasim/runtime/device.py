@@ -3,7 +3,8 @@
 Stock torch knows the XLA device type and dispatch key but ships no device guard and no kernels
 for it. Autograd needs a guard for every device a tensor lives on, and nothing exposes one to
 Python on every torch version we support, so we JIT-build a one-line C++ extension that registers
-c10's ``FakeGuardImpl`` for XLA (built once per torch version, then cached by torch). Factory
+c10's ``FakeGuardImpl`` for XLA (built once per torch version, then cached by torch). The same
+extension carries torch_xla's autocast policy (:mod:`xlasim.runtime.autocast`). Factory
 kernels for the XLA key are registered from Python while a simulation is active, so that
 ``torch.empty(..., device='xla')`` and ``cpu_tensor.to('xla')`` produce simulated tensors.
 """
@@ -14,10 +15,13 @@ import os
 import re
 import threading
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
+from torch.autograd.variable import Variable
 from torch.utils._mode_utils import no_dispatch
+
+from xlasim.runtime import autocast
 
 # Besides the guard, one op: resizing a wrapper tensor's own metadata, which out= ops and
 # in-place view ops (arange(out=), t_()) change on the wrapped CPU tensor.
@@ -38,14 +42,24 @@ TORCH_LIBRARY(xlasim, m) {
 TORCH_LIBRARY_IMPL(xlasim, CompositeImplicitAutograd, m) { m.impl("set_meta", set_meta); }
 """
 
+
+def _source() -> str:
+    # The autocast kernels depend on the installed torch's ops, so the source is made per process.
+    return _GUARD_SOURCE + autocast.cpp_source()
+
+
+# In the engine's error for a device index no queue (and no device thread) serves; a process
+# whose first backward pass ran before the XLA guard existed gets it for every xla index.
+_NO_DEVICE_QUEUE = "device_ready_queues_"
+
 _lock = threading.Lock()
 _guard_ready = False
 
 
-def _extension_name() -> str:
+def _extension_name(source: str) -> str:
     # Keyed by torch version, torch install and source: the build files name the install's
     # paths, and processes running different sources must not rebuild over each other.
-    digest = zlib.crc32((_GUARD_SOURCE + os.path.dirname(torch.__file__)).encode())
+    digest = zlib.crc32((source + os.path.dirname(torch.__file__)).encode())
     version = re.sub(r"\W", "_", torch.__version__)
     return f"xlasim_xla_{version}_{digest:08x}"
 
@@ -64,7 +78,8 @@ def ensure_device_guard() -> None:
         from torch.utils import cpp_extension
 
         # Built under torch's extension cache (TORCH_EXTENSIONS_DIR to move it).
-        name = _extension_name()
+        source = _source()
+        name = _extension_name(source)
         build_dir = cpp_extension._get_build_directory(name, verbose=False)
         # torch's own build lock is a plain file that outlives a process killed mid-build and
         # then blocks every later one; an OS lock dies with its holder, so while we hold it any
@@ -76,7 +91,7 @@ def ensure_device_guard() -> None:
             try:
                 cpp_extension.load_inline(
                     name=name,
-                    cpp_sources=[_GUARD_SOURCE],
+                    cpp_sources=[source],
                     is_python_module=False,
                     verbose=False,
                 )
@@ -94,6 +109,24 @@ def set_wrapper_meta(wrapper: torch.Tensor, like: torch.Tensor) -> None:
         torch.ops.xlasim.set_meta(wrapper, like.size(), like.stride(), like.storage_offset())
 
 
+def backward_on_device(leaf: torch.Tensor) -> None:
+    """Runs ``leaf.sum().backward()`` through the autograd engine directly.
+
+    ``Tensor.backward()`` on torch >= 2.13 stores a ``contextvars.Context`` with the graph task.
+    For an ``xla`` tensor the task runs on the engine's device thread, which can drop the last
+    reference to it just after backward() has returned; releasing the context then needs the
+    GIL, and once interpreter shutdown has begun CPython ends a thread that asks for it, inside
+    a noexcept destructor: the process aborts. A task started here holds no Python object, so
+    releasing it never needs the GIL.
+    """
+    out = leaf.sum()
+    # (tensors, grad_tensors, keep_graph, create_graph, inputs, allow_unreachable,
+    # accumulate_grad): what torch.autograd.backward passes, minus the stored context.
+    Variable._execution_engine.run_backward(
+        (out,), (torch.ones_like(out),), False, False, (), True, True
+    )
+
+
 def check_autograd_engine(make_tensor: Callable[[], torch.Tensor]) -> None:
     """Fails clearly if autograd started before the XLA guard existed.
 
@@ -101,11 +134,10 @@ def check_autograd_engine(make_tensor: Callable[[], torch.Tensor]) -> None:
     process, from the device guards registered then; a process that ran a backward pass before
     the guard was registered can never run one on an ``xla`` tensor.
     """
-    probe = make_tensor().requires_grad_()
     try:
-        probe.sum().backward()
+        backward_on_device(make_tensor().requires_grad_())
     except RuntimeError as exc:
-        if "device_ready_queues_" not in str(exc):
+        if _NO_DEVICE_QUEUE not in str(exc):
             raise
         raise RuntimeError(
             "xlasim: this process ran a backward pass before the simulated XLA device was "
@@ -113,6 +145,24 @@ def check_autograd_engine(make_tensor: Callable[[], torch.Tensor]) -> None:
             "xlasim.register_xla_device() (or enter xlasim.simulate) before any backward pass, "
             "or run the simulated program in a fresh process (`xlasim run -- python ...`)."
         ) from None
+
+
+def release_graph_tasks(make_tensor: Callable[[int], torch.Tensor], indices: Iterable[int]) -> None:
+    """Returns once the autograd device threads of ``indices`` hold no earlier graph task.
+
+    Run at interpreter exit, before shutdown begins, so that no device thread asks for the GIL
+    after it has (see :func:`backward_on_device`), whatever backward passes the program ran. A
+    device thread takes its tasks one at a time and drops each finished task before it takes
+    the next, so once a backward pass of ours on that device has returned, every earlier task
+    has been released there; ours holds no Python object.
+    """
+    for index in indices:
+        try:
+            backward_on_device(make_tensor(index).requires_grad_())
+        except RuntimeError as exc:
+            if _NO_DEVICE_QUEUE not in str(exc):
+                raise
+            # No device thread serves this index, so it holds no task either.
 
 
 class FactoryKernels:

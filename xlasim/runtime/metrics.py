@@ -66,6 +66,10 @@ class Metrics:
             return None
         return metric.total, metric.accumulator, tuple(metric.samples)
 
+    def fallback_ops(self) -> list[str]:
+        # torch_xla counts each op it ran on the CPU under its aten:: name.
+        return [n for n in self.counter_names() if n.startswith("aten::")]
+
     def clear_counters(self) -> None:
         self._counters.clear()
 

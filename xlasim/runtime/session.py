@@ -1,23 +1,27 @@
 """Entering and leaving a simulated runtime: the torch side of ``xlasim.simulate()``.
 
 The outermost simulation of a process attaches the simulated ``xla`` device to torch (device
-guard, factory kernels) and checks that autograd can still use it; when the last one is left
-the factory kernels are removed again, so a process that loads the real torch_xla later finds
-stock torch.  Every entry runs on a fresh :class:`SimRuntime`.
+guard, factory kernels, the autocast policy) and checks that autograd can still use it; when the
+last one is left the kernels are removed again, so a process that loads the real torch_xla later
+finds stock torch.  Every entry runs on a fresh :class:`SimRuntime`.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
+import sys
+from collections.abc import Iterator
 
 import torch
 
 from tpu_backend.topology import SliceSpec
-from xlasim.runtime import graph, state
-from xlasim.runtime.device import check_autograd_engine, ensure_device_guard
+from xlasim.runtime import autocast, graph, state
+from xlasim.runtime.device import check_autograd_engine, ensure_device_guard, release_graph_tasks
 from xlasim.runtime.dry_run import ShapeOnlyFactories
 from xlasim.runtime.run_options import LIBTPU
-from xlasim.runtime.tensor import FACTORY_KERNELS, wrap_data
+from xlasim.runtime.tensor import FACTORY_KERNELS, device_indices, wrap_data, xla_device
 
 _autograd_checked = False
 # The factory redirection of each active dry-run runtime, by id (entered and left with it).
@@ -28,6 +32,8 @@ def attach_device(spec: SliceSpec) -> None:
     """Routes ``xla`` tensors to the simulator (outermost entry); see :func:`detach_device`."""
     ensure_device_guard()
     FACTORY_KERNELS.register()
+    # torch_xla registers its autocast policy when it is loaded; a simulation does on entry.
+    autocast.install()
     try:
         _check_autograd(spec)
     except BaseException:
@@ -37,20 +43,50 @@ def attach_device(spec: SliceSpec) -> None:
 
 def detach_device() -> None:
     FACTORY_KERNELS.unregister()
+    autocast.uninstall()
 
 
-def _check_autograd(spec: SliceSpec) -> None:
-    """The one-time autograd check, on a throwaway runtime so that no state leaks."""
-    global _autograd_checked
-    if _autograd_checked:
-        return
+@contextlib.contextmanager
+def _scratch_runtime(spec: SliceSpec) -> Iterator[None]:
+    """A throwaway runtime for the simulator's own backward passes, so that no state leaks."""
     scratch = state.SimRuntime(spec)
     state.push(scratch)
     try:
-        check_autograd_engine(lambda: wrap_data(torch.zeros(1), None))
+        yield
     finally:
         state.pop(scratch)
+
+
+def _check_autograd(spec: SliceSpec) -> None:
+    """The one-time autograd check; also arranges a safe exit after backward passes."""
+    global _autograd_checked
+    if _autograd_checked:
+        return
+    with _scratch_runtime(spec):
+        check_autograd_engine(lambda: wrap_data(torch.zeros(1), None))
     _autograd_checked = True
+    atexit.register(_release_graph_tasks_at_exit, spec, os.getpid())
+
+
+def _release_graph_tasks_at_exit(spec: SliceSpec, pid: int) -> None:
+    """Makes interpreter exit safe after backward passes on ``xla`` tensors.
+
+    The autograd device threads that ran them may still hold a finished graph task whose
+    release needs the GIL, which aborts the process once shutdown has begun; see
+    :func:`xlasim.runtime.device.release_graph_tasks`.
+    """
+    if os.getpid() != pid:
+        return  # a forked child: the device threads stayed in the parent
+    try:
+        with _scratch_runtime(spec):
+            release_graph_tasks(
+                lambda index: wrap_data(torch.zeros(1), xla_device(index)), device_indices()
+            )
+    except Exception as exc:  # exit goes on; say why it may not be clean
+        print(
+            f"xlasim: could not wait for autograd's device threads at exit: {exc!r}",
+            file=sys.stderr,
+        )
 
 
 def enter(

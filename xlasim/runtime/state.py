@@ -102,8 +102,7 @@ class SimRuntime:
     def spmd(self) -> bool:
         # torch_xla decides SPMD from the environment flag, so a user setting it directly
         # is honoured exactly as on the real runtime.
-        flag = os.environ.get("XLA_USE_SPMD", "")
-        return flag == "true" or (flag.isdigit() and int(flag) > 0)
+        return env_flag("XLA_USE_SPMD")
 
     @property
     def device_type(self) -> str:
@@ -125,6 +124,29 @@ class SimRuntime:
         """What ``_XLAC._xla_get_devices`` lists: one virtual device under SPMD."""
         devices = self.real_devices()
         return devices[:1] if self.spmd else devices
+
+    def default_ordinal(self) -> int:
+        """The global ordinal of this process's default device."""
+        return self.addressable_device_ids()[0] + self.default_device_index
+
+    # -- execution -----------------------------------------------------------------------
+    def mark_step(self) -> None:
+        """A step boundary: every live tensor's pending graph runs (one graph), counted."""
+        self.graphs.execute(self.graphs.live_pending(), sync_all=True, spmd=self.spmd)
+        self.metrics.inc("MarkStep")
+
+    def manual_seed(self, seed: int) -> None:
+        # One generator for the whole slice: every device draws the same stream.
+        self.rng_seed = int(seed)
+        self.generator.manual_seed(self.rng_seed)
+
+
+def env_flag(name: str, default: str = "") -> bool:
+    """How torch_xla reads its on/off environment variables: a positive integer, or 'true'."""
+    value = os.environ.get(name, default)
+    if value.isdigit():
+        return int(value) > 0
+    return value == "true"
 
 
 @dataclass

@@ -39,6 +39,11 @@ def xla_device(index: int | None) -> torch.device:
     return dev
 
 
+def device_indices() -> list[int]:
+    """The indices of every ``xla`` device a simulated tensor has been placed on."""
+    return sorted(_devices)
+
+
 class XlaSimTensor(torch.Tensor):
     _elem: torch.Tensor
     _node: Node | None

@@ -127,15 +127,16 @@ def _prime_factors(n: int) -> list[int]:
     layout must match torch_xla's, so this does the same.
     """
     assert n > 0
+    limit = math.isqrt(n) + 1
     found: list[int] = []
-    rest = n
-    for p in range(2, math.isqrt(n) + 2):
-        while rest % p == 0:
+    rest, p = n, 2
+    while rest > 1 and p <= limit:
+        if rest % p:
+            p += 1
+        else:
             found.append(p)
             rest //= p
-        if rest == 1:
-            return found
-    return [rest]
+    return found if rest == 1 else [rest]
 
 
 def _candidate_splits(available: np.ndarray, size: int) -> Iterator[np.ndarray]:

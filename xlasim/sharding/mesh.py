@@ -14,6 +14,7 @@ with the real ones), so pytest must not rewrite them.
 from __future__ import annotations
 
 import functools
+import math
 from collections import OrderedDict
 from collections.abc import Iterator
 from typing import Any, Union
@@ -48,13 +49,13 @@ def _check_mesh(
 
 
 class Mesh:
-    """Describe the logical XLA device topology mesh and the underlying resources.
+    """A logical grid of the slice's devices, which partition specs refer to by axis.
 
     Args:
-      device_ids: A flattened list of devices (IDs), reshaped row-major to ``mesh_shape``.
-        Each ID indexes into ``xr.global_runtime_device_attributes()``.
-      mesh_shape: A int tuple describing the shape of the device mesh.
-      axis_names: A sequence of mesh axis names, one per mesh dimension.
+      device_ids: every global device id once, laid out row-major over ``mesh_shape``
+        (ids index ``xr.global_runtime_device_attributes()``).
+      mesh_shape: the size of each mesh axis.
+      axis_names: optional names for the axes, one each.
       num_devices: the global device count (what torch_xla reads from the runtime).
     """
 
@@ -100,7 +101,7 @@ class Mesh:
     # a spec that is not hashable (a list) is a TypeError.
     @functools.cache  # noqa: B019
     def get_op_sharding(self, partition_spec: PartitionSpec) -> OpSharding:
-        """Return the OpSharding for the given partition spec (cached per mesh)."""
+        """The OpSharding that ``partition_spec`` means on this mesh (one object per spec)."""
         # A scalar (mark_sharding checked rank == spec length) can only be replicated.
         if len(partition_spec) == 0:
             return OpSharding([], [], [], ShardingType.REPLICATED)
@@ -157,14 +158,17 @@ def tile_assignment(mesh: Mesh, partition_spec: tuple[Any, ...]) -> np.ndarray:
     axes it names (adjacent after the reordering) into one.
     """
     tiled = [entry for entry in partition_spec if entry is not None]
-    order = _mesh_axes(tuple(tiled)).tolist() if tiled else []
-    rest = sorted(set(range(len(mesh.shape()))) - set(order))
-    tiles = mesh.get_logical_mesh().transpose(order + rest)
-    for axis, entry in enumerate(tiled):
-        if isinstance(entry, tuple):
-            dims = tiles.shape
-            tiles = tiles.reshape((*dims[:axis], -1, *dims[axis + len(entry) :]))
-    return tiles
+    used = _mesh_axes(tuple(tiled)).tolist() if tiled else []
+    unused = [axis for axis in range(len(mesh.mesh_shape)) if axis not in used]
+    tiles = mesh.get_logical_mesh().transpose(used + unused)
+    # After the transpose each tiled entry's axes are adjacent, in spec order: one tile dim
+    # per entry (the product of its axes), then the unused axes as they are.
+    sizes = iter(tiles.shape)
+    per_entry = [
+        math.prod(next(sizes) for _ in range(len(entry) if isinstance(entry, tuple) else 1))
+        for entry in tiled
+    ]
+    return tiles.reshape(per_entry + list(sizes))
 
 
 def _tile_blocks(tiles: np.ndarray, n_tiled: int) -> Iterator[list[Any]]:

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from xlasim.runtime import state
+from xlasim.runtime import optimizer_steps, state
 from xlasim.runtime.graph import CompileError
 from xlasim.runtime.memory import check_fits
 from xlasim.runtime.shards import (
@@ -88,8 +88,7 @@ def _xla_get_replication_devices_count() -> int:
 
 
 def _xla_get_default_device_ordinal() -> int:
-    rt = _rt()
-    return rt.addressable_device_ids()[0] + rt.default_device_index
+    return _rt().default_ordinal()
 
 
 def _xla_get_process_index() -> int:
@@ -128,15 +127,12 @@ def _xla_get_spmd_config_is_locked() -> bool:
 def _xla_step_marker(
     device: str = "", devices: Any = (), wait: bool = False, reset_scope: bool = True
 ) -> None:
-    rt = _rt()
-    graphs = rt.graphs
     try:
-        graphs.execute(graphs.live_pending(), sync_all=True, spmd=rt.spmd)
+        _rt().mark_step()
     except CompileError as exc:
         # torch_xla turns a failed XLA compile into std::invalid_argument, which pybind11
         # raises as ValueError (the aten ops that materialize raise it as RuntimeError).
         raise ValueError(str(exc)) from None
-    rt.metrics.inc("MarkStep")
 
 
 def _xla_sync_multi(
@@ -164,6 +160,11 @@ def _xla_tensors_from_aten(
 
 def _xla_wait_device_ops(devices: Any = ()) -> None:
     """Simulated execution is synchronous: nothing is ever in flight."""
+
+
+# The fused updates of torch_xla.amp.syncfree's optimizers.
+_xla_adam_optimizer_step_ = optimizer_steps.adam_step
+_xla_sgd_optimizer_step_ = optimizer_steps.sgd_step
 
 
 # -- metrics ---------------------------------------------------------------------------
@@ -200,14 +201,12 @@ def _short_xla_metrics_report(counter_names: list[str], metric_names: list[str])
 
 
 def _get_executed_fallback_ops() -> list[str]:
-    return [n for n in _rt().metrics.counter_names() if n.startswith("aten::")]
+    return _rt().metrics.fallback_ops()
 
 
 # -- sharding --------------------------------------------------------------------------
 def _xla_set_rng_seed(seed: int, device: str = "") -> None:
-    rt = _rt()
-    rt.rng_seed = int(seed)
-    rt.generator.manual_seed(int(seed))
+    _rt().manual_seed(seed)
 
 
 def _xla_get_rng_seed(device: str = "") -> int:

@@ -9,8 +9,6 @@ import os
 import warnings
 
 import torch_xla
-import torch_xla.core.xla_model as xm
-from torch_xla.utils import utils as xu
 
 from xlasim.runtime import state
 
@@ -20,7 +18,7 @@ def _rt() -> state.SimRuntime:
 
 
 def set_device_type(pjrt_device: str) -> None:
-    if torch_xla._XLAC._xla_computation_cache_is_initialized() and pjrt_device != "TPU":
+    if _rt().graphs.initialized and pjrt_device != "TPU":
         raise RuntimeError(
             "Can't change device type after XLA runtime is initialized; xlasim simulates TPU"
         )
@@ -38,18 +36,25 @@ def is_bf16_supported() -> bool:
     return True
 
 
+def _env_int(name: str, default: int) -> int:
+    # Set by launchers that start several processes per host (not the simulator itself).
+    value = os.environ.get(name)
+    return default if value is None else int(value)
+
+
 def local_process_count() -> int:
-    return xu.getenv_as("PJRT_LOCAL_PROCESS_COUNT", int, defval=1)
+    return _env_int("PJRT_LOCAL_PROCESS_COUNT", 1)
 
 
 def global_device_count() -> int:
-    return len(torch_xla._XLAC._xla_get_all_devices())
+    """Devices torch_xla hands out: every device of the slice, or the one virtual SPMD device."""
+    rt = _rt()
+    return 1 if rt.spmd else rt.spec.num_devices
 
 
 def world_size() -> int:
-    if torch_xla._XLAC._xla_get_replication_devices_count() == 0:
-        return 1
-    return global_device_count()
+    # Replication is what xmp.spawn sets up; without it a process is a world of one.
+    return global_device_count() if _rt().replication_devices else 1
 
 
 def local_device_count() -> int:
@@ -57,24 +62,25 @@ def local_device_count() -> int:
 
 
 def addressable_device_count() -> int:
-    return torch_xla._XLAC._xla_num_devices()
+    return len(_rt().xla_devices())
 
 
 def global_ordinal() -> int:
-    return torch_xla._XLAC._xla_get_default_device_ordinal()
+    return _rt().default_ordinal()
 
 
 def local_ordinal() -> int:
-    local_rank = xu.getenv_as("PJRT_LOCAL_PROCESS_RANK", int, 0)
-    return local_rank * addressable_device_count() + torch_xla.device().index
+    # Each local process owns a block of addressable devices.
+    first = _env_int("PJRT_LOCAL_PROCESS_RANK", 0) * addressable_device_count()
+    return first + torch_xla.device().index
 
 
 def process_index() -> int:
-    return torch_xla._XLAC._xla_get_process_index()
+    return _rt().host_index
 
 
 def process_count() -> int:
-    return torch_xla._XLAC._xla_get_num_processes()
+    return _rt().spec.num_hosts
 
 
 def host_index() -> int:
@@ -91,21 +97,26 @@ def global_runtime_device_attributes() -> list[dict[str, object]]:
 
 
 def global_runtime_device_count() -> int:
-    return len(torch_xla._XLAC._xla_get_all_runtime_devices())
+    """Every chip of the slice, SPMD or not."""
+    return _rt().spec.num_devices
 
 
 def addressable_runtime_device_count() -> int:
-    return torch_xla._XLAC._xla_num_runtime_devices()
+    return len(_rt().addressable_device_ids())
 
 
 def use_spmd(auto: bool | None = False) -> None:
-    if os.environ.get("XLA_USE_SPMD") is not None:
+    """Turns SPMD on for this process (the environment flag every query reads)."""
+    if "XLA_USE_SPMD" in os.environ:
         warnings.warn(
             "XLA_USE_SPMD is being deprecated. Use torch_xla.runtime.use_spmd() "
             "without setting XLA_USE_SPMD env-var.",
             stacklevel=2,
         )
-    if torch_xla._XLAC._xla_get_spmd_config_is_locked() and not xu.check_env_flag("XLA_USE_SPMD"):
+    rt = _rt()
+    if rt.devices_used and not rt.spmd:
+        # Real torch_xla then waits for in-flight work and replicates the existing data;
+        # simulated work is never in flight and the values need no copying.
         warnings.warn(
             "Replicating tensors already initialized on non-virtual XLA device for SPMD "
             "to force SPMD mode. This is one-time overhead to setup, and to minimize such, "
@@ -113,7 +124,6 @@ def use_spmd(auto: bool | None = False) -> None:
             "(i.e., call use_spmd() in the beginning of the program).",
             stacklevel=2,
         )
-        xm.wait_device_ops()
     os.environ["XLA_USE_SPMD"] = "1"
     if auto:
         raise NotImplementedError(
@@ -122,7 +132,7 @@ def use_spmd(auto: bool | None = False) -> None:
 
 
 def is_spmd() -> bool:
-    return xu.check_env_flag("XLA_USE_SPMD")
+    return _rt().spmd
 
 
 def get_master_ip() -> str:
@@ -135,12 +145,12 @@ def get_master_ip() -> str:
 
 
 def initialize_cache(path: str, readonly: bool = False) -> None:
-    assert not torch_xla._XLAC._xla_computation_cache_is_initialized(), (
-        "Computation cache has already been initialized"
+    # The runtime reads both variables when it builds its compilation cache (first compile).
+    assert not _rt().graphs.initialized, "Computation cache has already been initialized"
+    os.environ.update(
+        XLA_PERSISTENT_CACHE_PATH=path, XLA_PERSISTENT_CACHE_READ_ONLY="1" if readonly else "0"
     )
-    os.environ["XLA_PERSISTENT_CACHE_PATH"] = path
-    os.environ["XLA_PERSISTENT_CACHE_READ_ONLY"] = "1" if readonly else "0"
 
 
 def get_num_cached_compilation_graph() -> int:
-    return torch_xla._XLAC._xla_get_num_cached_compilation_graph()
+    return len(_rt().graphs.compiled)

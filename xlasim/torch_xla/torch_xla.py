@@ -7,44 +7,50 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch_xla
+import torch_xla._XLAC as _XLAC
 import torch_xla.core.xla_model as xm
 import torch_xla.distributed.xla_multiprocessing as xmp
 import torch_xla.runtime as xr
 
+from xlasim.runtime import state as _runtime
+
 
 def device(index: int | None = None) -> torch.device:
-    """Returns an XLA device (under SPMD always the virtual ``xla:0``)."""
-    if xr.is_spmd():
-        torch_xla._XLAC._xla_set_default_device("xla:0")
-        return torch.device("xla:0")
-    if index is None:
-        return torch.device(torch_xla._XLAC._xla_get_default_device())
-    devices_ = xm.get_xla_supported_devices()
-    if index > len(devices_):
-        raise IndexError(f"Device index {index} out of range in {devices_}")
-    chosen = devices_[index]
-    torch_xla._XLAC._xla_set_default_device(chosen)
-    return torch.device(chosen)
+    """Returns an XLA device (under SPMD always the virtual ``xla:0``); an index makes that
+    device the default."""
+    rt = _runtime.current()
+    if rt.spmd:
+        rt.default_device_index = 0
+    elif index is not None:
+        names = xm.get_xla_supported_devices()
+        # torch_xla's bound check lets index == len through to the lookup (an IndexError too).
+        if index > len(names):
+            raise IndexError(f"Device index {index} out of range in {names}")
+        rt.default_device_index = torch.device(names[index]).index
+    return torch.device("xla", rt.default_device_index)
 
 
 def devices() -> list[torch.device]:
-    return [torch.device(d) for d in xm.get_xla_supported_devices()]
+    return [torch.device("xla", i) for i in range(len(_runtime.current().xla_devices()))]
 
 
 def real_devices() -> list[str]:
-    return torch_xla._XLAC._xla_real_devices()
+    return _runtime.current().real_devices()
 
 
 def device_count() -> int:
-    return len(real_devices())
+    """How many devices this process addresses (its host's chips, also under SPMD)."""
+    return len(_runtime.current().addressable_device_ids())
 
 
 def sync(wait: bool = False, reset_scope: bool = True) -> None:
-    """Launches all pending graph operations, then runs step closures."""
-    torch_xla._XLAC._xla_step_marker(
-        torch_xla._XLAC._xla_get_default_device(), [], wait=wait, reset_scope=reset_scope
-    )
+    """Launches all pending graph operations, then runs step closures.
+
+    Simulated execution finishes before this returns, so ``wait`` changes nothing, and the
+    simulator keeps no IR scopes to reset.
+    """
+    # Through the pybind entry point, as torch_xla does: a failed compile raises its error type.
+    _XLAC._xla_step_marker()
     xm._run_step_closures()
 
 
@@ -82,9 +88,8 @@ def compile(
 
 def manual_seed(seed: int, device: Any = None) -> None:
     """Sets the seed of the simulated device's random number generator."""
-    if device is None:
-        device = torch_xla._XLAC._xla_get_default_device()
-    torch_xla._XLAC._xla_set_rng_seed(seed, str(device))
+    # The simulated slice has one generator, so every device gets the seed.
+    _runtime.current().manual_seed(seed)
 
 
 def launch(
@@ -95,6 +100,5 @@ def launch(
 ) -> Any:
     if xr.is_spmd():
         raise NotImplementedError("launch function does not support SPMD at this time")
-    return xmp.spawn(
-        fn, args=args, nprocs=1 if debug_single_process else None, start_method=start_method
-    )
+    nprocs = 1 if debug_single_process else None  # None: one process per device
+    xmp.spawn(fn, args=args, nprocs=nprocs, start_method=start_method)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import re
 import sys
 from collections.abc import Callable
 from typing import Any, TextIO, TypedDict
@@ -44,8 +43,9 @@ def is_xla_tensor(tensor: torch.Tensor) -> bool:
 
 
 def get_xla_supported_devices(max_devices: int | None = None) -> list[str]:
-    devices = torch_xla._XLAC._xla_get_devices()
-    return [f"xla:{i}" for i, _ in enumerate(devices[:max_devices] if max_devices else devices)]
+    # A slice, so a negative max_devices drops devices from the end as in torch_xla.
+    ordinals = range(len(_runtime.current().xla_devices()))
+    return [f"xla:{i}" for i in (ordinals[:max_devices] if max_devices else ordinals)]
 
 
 def get_local_ordinal() -> int:
@@ -53,49 +53,52 @@ def get_local_ordinal() -> int:
 
 
 def is_master_ordinal(local: bool = True) -> bool:
-    ordinal = get_local_ordinal() if local else runtime.global_ordinal()
-    return ordinal == 0
+    """Whether this process's default device is the first (of its host, or of the slice)."""
+    ordinal = runtime.local_ordinal if local else runtime.global_ordinal
+    return ordinal() == 0
 
 
 def master_print(
     *args: Any, fd: TextIO = sys.stdout, local: bool = False, flush: bool = False
 ) -> None:
-    if is_master_ordinal(local=local):
-        print(*args, file=fd, flush=flush)
+    """``print`` on the master ordinal only."""
+    if not is_master_ordinal(local=local):
+        return
+    print(*args, file=fd, flush=flush)
 
 
 @deprecated("Use torch_xla.device instead")
 def xla_device(n: int | None = None, devkind: str | None = None) -> torch.device:
-    del devkind
+    # devkind has had no effect since PJRT; torch_xla 2.9 accepts and drops it too.
     return torch_xla.device(n)
 
 
 def _xla_real_device(device: str | torch.device) -> Any:
-    device_str = str(device)
-    m = re.match(r"xla:(\d+)$", device_str)
-    if not m:
-        raise RuntimeError(f"Invalid device format: {device_str}")
-    return torch_xla._XLAC._xla_get_devices()[int(m.group(1))]
+    """The runtime device (e.g. 'TPU:2') behind an ``xla:N`` device."""
+    text = str(device)
+    kind, colon, ordinal = text.partition(":")
+    if kind != "xla" or not colon or not ordinal.isdigit():
+        raise RuntimeError(f"Invalid device format: {text}")
+    return _runtime.current().xla_devices()[int(ordinal)]
 
 
 def xla_real_devices(devices: list[torch.device] | None = None) -> list[str]:
-    if not devices:
-        devices = get_xla_supported_devices()  # type: ignore[assignment]
-    return [_xla_real_device(d) for d in devices]  # type: ignore[union-attr]
+    chosen = devices or get_xla_supported_devices()
+    return [_xla_real_device(d) for d in chosen]
 
 
 def xla_device_hw(device: str | torch.device) -> str:
-    return _xla_real_device(device).split(":")[0]
+    return _xla_real_device(device).partition(":")[0]
 
 
 def xla_device_kind(device: str | torch.device | None = None) -> str:
-    if device is None:
-        device = torch_xla._XLAC._xla_get_default_device()
-    return torch_xla._XLAC._xla_device_kind(str(device))
+    # Every chip of a simulated slice is the same kind.
+    return _runtime.current().spec.device_kind
 
 
 def unlazy(tensors: list[torch.Tensor]) -> None:
-    torch_xla._XLAC._xla_sync_multi(tensors, devices=[], wait=True, sync_xla_data=True)
+    """Computes the given tensors now (their pending graph only)."""
+    _tensor.materialize([t for t in tensors if isinstance(t, _tensor.XlaSimTensor)])
 
 
 def _fetch_gradients(optimizer: optim.Optimizer) -> list[torch.Tensor]:
@@ -197,8 +200,8 @@ def add_step_closure(
 
 
 def _run_step_closures() -> DeviceContext:
-    runtime = _runtime.current()
-    queued, runtime.step_closures = runtime.step_closures, []
+    sim = _runtime.current()
+    queued, sim.step_closures = sim.step_closures, []
     for run_async in (True, False):
         for is_async, closure, args in queued:
             if is_async is run_async:
@@ -212,7 +215,7 @@ def mark_step(wait: bool = False, reset_scope: bool = True) -> None:
 
 
 def wait_device_ops(devices: list[str] = []) -> None:  # noqa: B006 - the real signature
-    torch_xla._XLAC._xla_wait_device_ops(devices=devices)
+    """Simulated execution is synchronous: nothing is ever in flight to wait for."""
 
 
 def reduce_gradients(
@@ -236,11 +239,18 @@ def optimizer_step(
     groups: list[list[int]] | None = None,
     pin_layout: bool = True,
 ) -> Any:
-    reduce_gradients(optimizer, groups=groups, pin_layout=pin_layout)
-    loss = optimizer.step(**optimizer_args)
+    """``optimizer.step(**optimizer_args)``, then a sync when ``barrier`` is set.
+
+    Gradients would first be averaged across replicas; one replica (also the SPMD case,
+    where gradients are already global) has nothing to average, and several are not
+    simulated.
+    """
+    if runtime.world_size() > 1:
+        raise _multi_replica("optimizer_step")
+    result = optimizer.step(**optimizer_args)
     if barrier:
         torch_xla.sync()
-    return loss
+    return result
 
 
 def _maybe_convert_to_cpu(data: Any, convert: bool = True) -> Any:
@@ -265,10 +275,11 @@ def _maybe_convert_to_cpu(data: Any, convert: bool = True) -> Any:
 def save(
     data: Any, file_or_path: Any, master_only: bool = True, global_master: bool = False
 ) -> None:
-    should_write_data = not master_only or is_master_ordinal(local=not global_master)
-    cpu_data = _maybe_convert_to_cpu(data, convert=should_write_data)
-    if should_write_data:
-        torch.save(cpu_data, file_or_path)
+    if master_only and not is_master_ordinal(local=not global_master):
+        # Not the writer, but every process still computes the tensors (as in torch_xla).
+        _maybe_convert_to_cpu(data, convert=False)
+        return
+    torch.save(_maybe_convert_to_cpu(data), file_or_path)
 
 
 def xla_rendezvous(
@@ -288,33 +299,39 @@ def rendezvous(tag: str, payload: bytes = b"", replicas: list[int] = []) -> list
     return xla_rendezvous(payload, replicas or None, tag=tag)
 
 
+def _serialized(value: Any) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return buffer.getvalue()
+
+
 def mesh_reduce(tag: str, data: Any, reduce_fn: Callable[..., Any]) -> Any:
-    cpu_data = _maybe_convert_to_cpu(data)
-    bio = io.BytesIO()
-    torch.save(cpu_data, bio)
-    xdata = rendezvous(tag, bio.getvalue())
-    xldata = [torch.load(io.BytesIO(xd)) for xd in xdata]
-    return reduce_fn(xldata) if xldata else cpu_data
+    """``reduce_fn`` over every replica's ``data`` (CPU copies), exchanged at a rendezvous."""
+    local = _maybe_convert_to_cpu(data)
+    payloads = rendezvous(tag, _serialized(local))
+    if not payloads:
+        return local
+    return reduce_fn([torch.load(io.BytesIO(p)) for p in payloads])
 
 
 def do_on_ordinals(target: Callable[..., Any], data: Any = (), ordinals: Any = (0,)) -> Any:
-    running = runtime.global_ordinal() in ordinals
-    cpu_data = _maybe_convert_to_cpu(data, convert=running)
-    result = target(*cpu_data) if running else None
+    """``target(*data)`` on the given global ordinals; every process meets at a rendezvous."""
+    if runtime.global_ordinal() in ordinals:
+        result = target(*_maybe_convert_to_cpu(data))
+    else:
+        _maybe_convert_to_cpu(data, convert=False)  # the others still compute the tensors
+        result = None
     rendezvous("torch_xla.core.xla_model.do_on_ordinals")
     return result
 
 
+# One generator serves the whole simulated slice, so ``device`` selects nothing.
 def set_rng_state(seed: int, device: str | None = None) -> None:
-    if device is None:
-        device = torch_xla._XLAC._xla_get_default_device()
-    torch_xla._XLAC._xla_set_rng_seed(seed, str(device) if device else "")
+    _runtime.current().manual_seed(seed)
 
 
 def get_rng_state(device: str | None = None) -> int:
-    if device is None:
-        device = torch_xla._XLAC._xla_get_default_device()
-    return torch_xla._XLAC._xla_get_rng_seed(str(device) if device else "")
+    return _runtime.current().rng_seed
 
 
 class MemoryInfo(TypedDict):
@@ -342,35 +359,37 @@ def broadcast_master_param(model: torch.nn.Module) -> None:
         raise _multi_replica("broadcast_master_param")
 
 
+def _input_shardings(tensors: list[torch.Tensor], input_sharding: Any) -> list[Any] | None:
+    """Each tensor's XlaShardingSpec (None where the spec does not fit it), or None."""
+    if not input_sharding:
+        return None
+    shardings = [input_sharding.xla_spec(t) for t in tensors]
+    if input_sharding.minibatch:
+        # A host's part of the batch is cut into one equal piece per local device (dim 0).
+        per_host = runtime.addressable_runtime_device_count()
+        for tensor, sharding in zip(tensors, shardings, strict=True):
+            if sharding is not None and tensor.dim() > 0 and tensor.shape[0] % per_host:
+                raise RuntimeError(
+                    "When minibatch is configured, the per-host batch size must be divisible "
+                    f"by local runtime device count. Per host input data shape = {tensor.size()}, "
+                    f"local_runtime_device_count = {per_host}"
+                )
+    return shardings
+
+
 def send_cpu_data_to_device(datas: Any, device: Any, input_sharding: Any = None) -> Any:
     """Moves every CPU tensor in ``datas`` to ``device`` in one transfer, as torch_xla does
     (a lone tensor comes back in a list, as it does from torch_xla)."""
-
-    def convert_fn(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-        devices = [str(device)] * len(tensors)
-        shardings = None
-        if input_sharding:
-            shardings = [input_sharding.xla_spec(t) for t in tensors]
-        if input_sharding and input_sharding.minibatch:
-            for tensor, sharding in zip(tensors, shardings, strict=True):  # type: ignore[arg-type]
-                local_runtime_device_count = torch_xla.runtime.addressable_runtime_device_count()
-                if (
-                    sharding
-                    and tensor.dim() > 0
-                    and (tensor.size()[0] % local_runtime_device_count) != 0
-                ):
-                    raise RuntimeError(
-                        "When minibatch is configured, the per-host batch size must be divisible "
-                        "by local runtime device count. Per host input data shape "
-                        f"= {tensor.size()}, local_runtime_device_count = "
-                        f"{local_runtime_device_count}"
-                    )
-        return torch_xla._XLAC._xla_tensors_from_aten(tensors, devices, shardings)
-
-    if type(datas) is torch.Tensor:
-        datas = [datas]
-    leaves, spec = torch.utils._pytree.tree_flatten(datas)
-    picked = [i for i, v in enumerate(leaves) if type(v) is torch.Tensor and v.device.type == "cpu"]
-    for i, moved in zip(picked, convert_fn([leaves[i] for i in picked]), strict=True):
-        leaves[i] = moved
-    return torch.utils._pytree.tree_unflatten(leaves, spec)
+    leaves, structure = torch.utils._pytree.tree_flatten(
+        [datas] if type(datas) is torch.Tensor else datas
+    )
+    # Plain CPU tensors only: subclasses and device tensors stay where they are.
+    slots = [i for i, v in enumerate(leaves) if type(v) is torch.Tensor and v.device.type == "cpu"]
+    if slots:
+        tensors = [leaves[i] for i in slots]
+        shardings = _input_shardings(tensors, input_sharding)
+        targets = [str(device)] * len(tensors)
+        moved = torch_xla._XLAC._xla_tensors_from_aten(tensors, targets, shardings)
+        for i, tensor in zip(slots, moved, strict=True):
+            leaves[i] = tensor
+    return torch.utils._pytree.tree_unflatten(leaves, structure)

@@ -4,57 +4,66 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch_xla
+from xlasim.runtime import metrics as _metrics
+from xlasim.runtime import state as _runtime
+
+# What short_metrics_report shows when it is given no (or empty) name lists.
+_SHORT_COUNTERS = ("CachedCompile", "MarkStep", "DynamoSyncInputExecuteTime")
+_SHORT_METRICS = (
+    "CompileTime",
+    "ExecuteTime",
+    "ExecuteReplicatedTime",
+    "TransferToDeviceTime",
+    "TransferFromDeviceTime",
+)
+
+
+def _store() -> _metrics.Metrics:
+    return _runtime.current().metrics
 
 
 def counter_names() -> list[str]:
-    return torch_xla._XLAC._xla_counter_names()
+    return _store().counter_names()
 
 
 def counter_value(name: str) -> int | None:
-    return torch_xla._XLAC._xla_counter_value(name)
+    return _store().counter_value(name)
 
 
 def clear_counters() -> None:
-    return torch_xla._XLAC._clear_xla_counters()
+    _store().clear_counters()
 
 
 def metric_names() -> list[str]:
-    return torch_xla._XLAC._xla_metric_names()
+    return _store().metric_names()
 
 
 def metric_data(name: str) -> Any:
-    return torch_xla._XLAC._xla_metric_data(name)
+    return _store().metric_data(name)
 
 
 def clear_metrics() -> None:
-    return torch_xla._XLAC._clear_xla_metrics()
+    _store().clear_metrics()
 
 
 def clear_all() -> None:
-    clear_metrics()
-    clear_counters()
+    store = _store()
+    store.clear_counters()
+    store.clear_metrics()
 
 
 def metrics_report() -> str:
-    return torch_xla._XLAC._xla_metrics_report()
+    return _store().report()
 
 
 def short_metrics_report(
     counter_names: list[str] | None = None, metric_names: list[str] | None = None
 ) -> str:
-    if not counter_names:
-        counter_names = ["CachedCompile", "MarkStep", "DynamoSyncInputExecuteTime"]
-    if not metric_names:
-        metric_names = [
-            "CompileTime",
-            "ExecuteTime",
-            "ExecuteReplicatedTime",
-            "TransferToDeviceTime",
-            "TransferFromDeviceTime",
-        ]
-    return torch_xla._XLAC._short_xla_metrics_report(counter_names, metric_names)
+    """The report restricted to the given names (a short default list for either when empty)."""
+    counters = list(counter_names or _SHORT_COUNTERS)
+    metrics = list(metric_names or _SHORT_METRICS)
+    return _store().report(counters, metrics)
 
 
 def executed_fallback_ops() -> list[str]:
-    return torch_xla._XLAC._get_executed_fallback_ops()
+    return _store().fallback_ops()

@@ -26,13 +26,13 @@ class PerDeviceLoader:
         self._loader = loader
         self._device = device
         self._input_sharding = input_sharding
-        self._sync_batch_count = batches_per_execution - 1
+        self._batches_per_step = batches_per_execution
         self._iter: Iterator[Any] | None = None
-        self._batches_yielded = 0
+        self._served = 0  # next() calls since iteration (re)started
 
     def __iter__(self) -> PerDeviceLoader:
         self._iter = iter(self._loader)
-        self._batches_yielded = 0
+        self._served = 0
         return self
 
     def __len__(self) -> int:
@@ -42,13 +42,12 @@ class PerDeviceLoader:
         if self._iter is None:
             self.__iter__()
         assert self._iter is not None
-        # The same step accounting as torch_xla: a sync before every batch (one per
-        # `batches_per_execution`), and one more when the loader runs out.
-        if self._sync_batch_count <= self._batches_yielded:
-            self._batches_yielded = 0
+        # Step boundaries as in torch_xla: a sync before every `batches_per_execution`-th
+        # batch (before each one when that is 1), and one more when the loader runs out.
+        self._served += 1
+        per_step = self._batches_per_step
+        if per_step <= 1 or self._served % per_step == 0:
             torch_xla.sync()
-        else:
-            self._batches_yielded += 1
         try:
             batch = next(self._iter)
         except StopIteration:

@@ -3,21 +3,37 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
+from xlasim.runtime import state as _runtime
+
 
 def getenv_as(name: str, type: Callable[[str], Any], defval: Any = None) -> Any:  # noqa: A002
-    env = os.environ.get(name, None)
-    if type is bool:
-        return defval if env is None else bool(int(env))
-    return defval if env is None else type(env)
+    """``name`` from the environment converted by ``type`` (a bool is read as an integer
+    first, so '0' is False), or ``defval`` when it is not set."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return defval
+    return bool(int(raw)) if type is bool else type(raw)
 
 
 def check_env_flag(name: str, default: str = "") -> bool:
-    flag = os.getenv(name, default)
-    return flag == "true" or (flag.isdigit() and int(flag) > 0)
+    return _runtime.env_flag(name, default)
 
 
-def get_print_fn(debug_env: str = "XLA_DEBUG_PRINT") -> Callable[..., None]:
-    return print if check_env_flag(debug_env) else (lambda *a, **k: None)
+def null_print(*args: Any, **kwargs: Any) -> None:
+    """A ``print`` that prints nothing."""
+
+
+def eprint(*args: Any, **kwargs: Any) -> None:
+    """``print`` to standard error."""
+    print(*args, file=sys.stderr, **kwargs)
+
+
+def get_print_fn(debug: Any = None) -> Callable[..., None]:
+    """``eprint`` when debugging (``debug``, else the DEBUG environment variable), else
+    ``null_print``."""
+    enabled = int(os.environ.get("DEBUG", "0")) if debug is None else debug
+    return eprint if enabled else null_print

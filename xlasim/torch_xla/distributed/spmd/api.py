@@ -6,11 +6,11 @@ with the real ones), so pytest must not rewrite them.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import warnings
 from collections.abc import Callable, Sequence
-from functools import wraps
 from typing import Any
 
 import torch
@@ -24,16 +24,21 @@ from torch_xla.distributed.spmd import Mesh, ShardingType, XLAShardedTensor, mar
 log = logging.getLogger(__name__)
 
 
+class _SpmdOn(contextlib.ContextDecorator):
+    """Turns SPMD on when entered (it stays on, as it does in torch_xla)."""
+
+    def __enter__(self) -> _SpmdOn:
+        xr.use_spmd()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        return None
+
+
 def with_xla(func: Callable[..., Any]) -> Callable[..., Any]:
     """Wrap ``func`` so that SPMD mode is on before it runs (every entry point here is)."""
     assert func is not None
-
-    @wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        xr.use_spmd()
-        return func(*args, **kwargs)
-
-    return wrapper
+    return _SpmdOn()(func)
 
 
 def auto_policy(mod_name: str, mod: nn.Module, mesh: Any) -> None:
@@ -44,9 +49,10 @@ def auto_policy(mod_name: str, mod: nn.Module, mesh: Any) -> None:
 @with_xla
 def convert_to_xla_mesh(dt_mesh: DeviceMesh) -> Mesh:
     """Convert a DTensor ``DeviceMesh`` over 'xla' to a torch_xla ``Mesh``."""
+    # An XLA mesh spans every device of the slice; so must the DeviceMesh.
     assert dt_mesh.size() == xr.global_runtime_device_count()
-    ids = dt_mesh.mesh
-    return Mesh(ids.flatten(), tuple(ids.size()), dt_mesh.mesh_dim_names)
+    grid = dt_mesh.mesh
+    return Mesh(grid.flatten(), tuple(grid.shape), dt_mesh.mesh_dim_names)
 
 
 @with_xla
@@ -54,12 +60,12 @@ def convert_to_xla_partition_spec(
     tensor: torch.Tensor, placements: Sequence[Placement]
 ) -> tuple[Any, ...]:
     """Convert DTensor ``placements`` (per mesh dim) to a partition spec (per tensor dim)."""
-    spec: list[Any] = [None] * len(tensor.shape)
+    spec: list[Any] = [None] * tensor.dim()
     for mesh_dim, placement in enumerate(placements):
-        if placement.is_shard():
-            spec[placement.dim] = mesh_dim  # type: ignore[attr-defined]
-        elif not placement.is_replicate():
+        if not (placement.is_shard() or placement.is_replicate()):
             raise ValueError(f"Unsupported placement type: {type(placement).__name__}")
+        if placement.is_shard():  # a Replicate() leaves its tensor dims unsharded
+            spec[placement.dim] = mesh_dim  # type: ignore[attr-defined]
     return tuple(spec)
 
 

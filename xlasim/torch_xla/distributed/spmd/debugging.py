@@ -90,6 +90,6 @@ def visualize_sharding(
 
 def visualize_tensor_sharding(t: torch.Tensor, **kwargs: Any) -> Any:
     """Visualizes a tensor's sharding (an ``XLAShardedTensor`` or an annotated xla tensor)."""
-    if isinstance(t, XLAShardedTensor):
-        t = t.global_tensor
-    return visualize_sharding(torch_xla._XLAC._get_xla_sharding_spec(t), **kwargs)
+    wrapped = isinstance(t, XLAShardedTensor)
+    spec = t.sharding_spec if wrapped else torch_xla._XLAC._get_xla_sharding_spec(t)  # type: ignore[attr-defined]
+    return visualize_sharding(spec, **kwargs)

@@ -20,7 +20,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 from torch.distributed.tensor.placement_types import Partial, Placement, Replicate, Shard
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_map_only
 from torch_xla import _XLAC as _xlac
 
 from xlasim.sharding.op_sharding import ShardingType
@@ -28,51 +28,91 @@ from xlasim.sharding.op_sharding import ShardingType
 
 @dataclass
 class XLAShard:
-    # A snapshot of the shard data from the time of XLAShard creation.
+    """One addressable device's piece of a sharded tensor, copied to the host when taken."""
+
+    # The piece as the device stores it: an uneven split leaves zero padding at its end.
     data: torch.Tensor
 
-    # The indices of the shard into the global tensor. If the tensor is replicated
-    # across local devices, the value of `indices` is Ellipsis. Otherwise, it is a
-    # list of the index slices across each dimension.
-    # The indices do not reflect padding, since the padding does not exist on the
-    # global tensor.
+    # Where the piece sits in the global tensor: Ellipsis when the tensor is replicated,
+    # otherwise one slice per dimension (padding excluded, it is not part of the tensor).
     indices: Any
 
-    # The device this shard's data originated from.
+    # The runtime device holding the piece, e.g. 'TPU:3'.
     shard_device: str
 
-    # The replica this shard belongs to, as determined by the sharding:
-    #  - TILED:       Since the tensor isn't replicated, replica_id is always 0.
-    #  - PARTIAL:     replica_id is taken from the OpSharding and is a value in
-    #                 the range [0, num_replica).
-    #  - REPLICATED:  Since the tensor is fully replicated, replica_id is the
-    #                 device's global ordinal.
+    # 0 when the tensor is tiled; the replica group's index when it is partially replicated;
+    # the device's global ordinal when it is fully replicated.
     replica_id: int
+
+    def _unpadded_region(self) -> Any:
+        # The leading part of `data` that maps onto the global tensor.
+        if self.indices is Ellipsis:
+            return Ellipsis
+        return tuple(slice(0, span.stop - span.start) for span in self.indices)
 
     @property
     def unpadded_data(self) -> torch.Tensor:
-        """Returns a copy of `data` with padding removed"""
-        unpadded_indices = self.indices
-        # Replicated data has Ellipsis as indices
-        if self.indices != Ellipsis:
-            unpadded_indices = [slice(0, s.stop - s.start) for s in self.indices]
-        return self.data[unpadded_indices]
+        """``data`` without the padding of an uneven split."""
+        return self.data[self._unpadded_region()]
 
     @unpadded_data.setter
     def unpadded_data(self, t: torch.Tensor) -> None:
-        unpadded_indices = self.indices
-        if self.indices != Ellipsis:
-            unpadded_indices = [slice(0, s.stop - s.start) for s in self.indices]
-        self.data[unpadded_indices] = t
+        self.data[self._unpadded_region()] = t
 
 
 @contextlib.contextmanager
 def no_dispatch() -> Iterator[None]:
-    guard = torch._C._DisableTorchDispatch()
-    try:
+    """Runs the body with ``__torch_dispatch__`` handlers switched off."""
+    with torch._C._DisableTorchDispatch():
         yield
-    finally:
-        del guard
+
+
+def _missing_layout(name: str) -> ValueError:
+    # Both halves of the layout (mesh_shape, partition_spec) get the same explanation.
+    return ValueError(
+        f"{name} must be specified to create DTensorSpec. "
+        "If this tensor was created through torch operations, it may be auto-wrapped. "
+        f"Use wrap_as_sharded_tensor() to set {name} before accessing _spec. "
+    )
+
+
+def _placements_for(partition_spec: Any, mesh_ndim: int) -> tuple[Placement, ...]:
+    """DTensor placements (one per mesh dim) for a partition spec (one entry per tensor dim).
+
+    Only integer entries name a mesh dim here; the first tensor dim naming a mesh dim is the
+    one sharded over it, and a mesh dim no entry names replicates.
+    """
+
+    def placement(mesh_dim: int) -> Placement:
+        hits = (dim for dim, entry in enumerate(partition_spec) if entry == mesh_dim)
+        dim = next(hits, None)
+        return Replicate() if dim is None else Shard(dim)
+
+    return tuple(placement(mesh_dim) for mesh_dim in range(mesh_ndim))
+
+
+def _partition_spec_for(placements: Any, ndim: int) -> tuple[Any, ...]:
+    """The partition spec (one entry per tensor dim) that ``placements`` describe."""
+    spec: list[Any] = [None] * ndim
+    sharded = ((m, p.dim) for m, p in enumerate(placements) if isinstance(p, Shard))
+    for mesh_dim, dim in sharded:
+        if dim >= ndim:
+            raise IndexError(
+                f"Shard dimension {dim} is out of bounds for tensor with {ndim} dimensions"
+            )
+        spec[dim] = mesh_dim
+    return tuple(spec)
+
+
+def _wrapper_metadata(elem: torch.Tensor) -> dict[str, Any]:
+    # The wrapper owns no storage; it looks exactly like the tensor it wraps.
+    return {
+        "strides": elem.stride(),
+        "storage_offset": elem.storage_offset(),
+        "dtype": elem.dtype,
+        "layout": elem.layout,
+        "device": elem.device,
+    }
 
 
 class XLAShardedTensor(DTensor):
@@ -98,47 +138,38 @@ class XLAShardedTensor(DTensor):
         *args: Any,
         **kwargs: Any,
     ) -> XLAShardedTensor:
-        r = torch.Tensor._make_wrapper_subclass(
-            cls,
-            elem.size(),
-            strides=elem.stride(),
-            storage_offset=elem.storage_offset(),
-            dtype=elem.dtype,
-            layout=elem.layout,
-            device=elem.device,
-            requires_grad=kwargs.get("requires_grad", False),
+        wants_grad = kwargs.get("requires_grad", False)
+        self = torch.Tensor._make_wrapper_subclass(
+            cls, elem.size(), requires_grad=wants_grad, **_wrapper_metadata(elem)
         )
-        r.global_tensor = elem.detach() if r.requires_grad else elem
+        # When the wrapper is the autograd leaf, the data it holds must not be one as well.
+        self.global_tensor = elem.detach() if self.requires_grad else elem
+        # Wrapping a sharded tensor again keeps whatever layout is not given anew.
+        source = elem if isinstance(elem, XLAShardedTensor) else None
+        self.mesh_shape = mesh_shape or getattr(source, "mesh_shape", None)
+        self.partition_spec = partition_spec or getattr(source, "partition_spec", None)
+        self._cached_spec = None
+        return self
 
-        # Initialize mesh, partition, and spec information
-        r.mesh_shape = mesh_shape or (
-            elem.mesh_shape if isinstance(elem, XLAShardedTensor) else None
-        )
-        r.partition_spec = partition_spec or (
-            elem.partition_spec if isinstance(elem, XLAShardedTensor) else None
-        )
-        r._cached_spec = None
-        return r
-
-    # Shards are a snapshot on CPU, detached from the global tensor; they include the
-    # padding of uneven shards.
     @property
     def local_shards(self) -> list[XLAShard]:
-        shard_dev = _xlac._get_local_shards([self.global_tensor])[0]
-        replica_ind = _xlac._get_local_shard_replica_and_indices([self.global_tensor])[0]
-        return [
-            XLAShard(data, indices, dev, replica)
-            for (data, dev), (replica, indices) in zip(shard_dev, replica_ind, strict=False)
-        ]
+        """This host's pieces, one per addressable device, as padded CPU snapshots."""
+        # The two bindings list the local devices in the same order.
+        target = [self.global_tensor]
+        pieces = _xlac._get_local_shards(target)[0]
+        places = _xlac._get_local_shard_replica_and_indices(target)[0]
+        shards = []
+        for (data, device), (replica, indices) in zip(pieces, places, strict=True):
+            shards.append(
+                XLAShard(data=data, indices=indices, shard_device=device, replica_id=replica)
+            )
+        return shards
 
-    # Load the given list of local shards into the underlying tensor's data
-    # on the local devices.
     def load_local_shards_(self, shards: list[XLAShard]) -> None:
-        data = [s.data for s in shards]
-        devices = [s.shard_device for s in shards]
-        _xlac._load_local_shards(self.global_tensor, data, devices)
-
-        # Invalidate cached spec since the global_tensor data has changed
+        """Writes ``shards`` (padded, one per local device) into the devices' data."""
+        _xlac._load_local_shards(
+            self.global_tensor, [s.data for s in shards], [s.shard_device for s in shards]
+        )
         self.invalidate_spec_cache()
 
     @property
@@ -147,129 +178,93 @@ class XLAShardedTensor(DTensor):
 
     @property
     def sharding_type(self) -> Any:
-        sharding_type = _xlac._get_xla_sharding_type(self.global_tensor)
-        return ShardingType(sharding_type)
+        # None (no annotation) is not a ShardingType: that fails here, as in torch_xla.
+        return ShardingType(_xlac._get_xla_sharding_type(self.global_tensor))
 
     def __repr__(self) -> str:  # type: ignore[override]
-        if not hasattr(self, "global_tensor"):
-            # materialize a copy of sharded global_tensnor and keep the actual data
-            # sharded on the XLA devices.
+        inner = getattr(self, "global_tensor", None)
+        if inner is None:
+            # Not fully constructed yet: show the values.
             return str(self.cpu())
-        return f"XLAShardedTensor({self.global_tensor})"
+        return f"XLAShardedTensor({inner})"
 
     @classmethod
     def __torch_dispatch__(  # type: ignore[override]
         cls, func: Any, types: Any, args: Any = (), kwargs: Any = None
     ) -> Any:
-        """Unwrap to the global ``xla`` tensor, run the op there, wrap tensor results."""
+        """Runs ``func`` on the wrapped ``xla`` tensors and wraps the tensors it returns.
 
-        def unwrap(elem: Any) -> Any:
-            return elem.global_tensor if isinstance(elem, XLAShardedTensor) else elem
-
-        def wrap(elem: Any) -> Any:
-            return XLAShardedTensor(elem) if isinstance(elem, torch.Tensor) else elem
-
-        # torch_xla runs the op under no_dispatch() because its global tensor is a C++ XLA
-        # tensor; the simulator's global tensor is itself a Python dispatch subclass, so the
-        # op must go through Python dispatch.
-        return tree_map(wrap, func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs or {})))
+        The simulator's ``xla`` tensors are themselves a Python dispatch subclass, so the op
+        is not run under ``no_dispatch()``: it must reach their handler.
+        """
+        args, kwargs = tree_map_only(XLAShardedTensor, _global_of, (args, kwargs or {}))
+        return tree_map_only(torch.Tensor, XLAShardedTensor, func(*args, **kwargs))
 
     @property
     def _spec(self) -> DTensorSpec:  # type: ignore[override]
-        """Convert XLA sharding information to DTensorSpec for DTensor interface compatibility."""
-        if self._cached_spec is not None:
-            return self._cached_spec
-
-        if self.mesh_shape is not None:
-            device_count = xr.global_runtime_device_count()
-            device_list = list(range(device_count))
-            mesh = DeviceMesh("xla", torch.tensor(device_list).reshape(self.mesh_shape))
-        else:
-            raise ValueError(
-                "mesh_shape must be specified to create DTensorSpec. "
-                "If this tensor was created through torch operations, it may be auto-wrapped. "
-                "Use wrap_as_sharded_tensor() to set mesh_shape before accessing _spec. "
-            )
-
-        if self.partition_spec is not None:
-            placements: list[Placement] = []
-            for mesh_dim in range(len(self.mesh_shape)):
-                # find tensor dimension sharded on this mesh dimension
-                tensor_dim = None
-                for t_dim, m_dim in enumerate(self.partition_spec):
-                    if m_dim == mesh_dim:
-                        tensor_dim = t_dim
-                        break
-                placements.append(Shard(tensor_dim) if tensor_dim is not None else Replicate())
-        else:
-            raise ValueError(
-                "partition_spec must be specified to create DTensorSpec. "
-                "If this tensor was created through torch operations, it may be auto-wrapped. "
-                "Use wrap_as_sharded_tensor() to set partition_spec before accessing _spec. "
-            )
-
-        tensor_meta = TensorMeta(
-            shape=self.global_tensor.shape,
-            stride=self.global_tensor.stride(),
-            dtype=self.global_tensor.dtype,
-        )
-        self._cached_spec = DTensorSpec(
-            mesh=mesh, placements=tuple(placements), tensor_meta=tensor_meta
-        )
+        """The DTensor view of ``mesh_shape`` and ``partition_spec`` (built once)."""
+        if self._cached_spec is None:
+            self._cached_spec = self._dtensor_spec()
         return self._cached_spec
+
+    def _dtensor_spec(self) -> DTensorSpec:
+        if self.mesh_shape is None:
+            raise _missing_layout("mesh_shape")
+        ids = torch.arange(xr.global_runtime_device_count()).reshape(self.mesh_shape)
+        mesh = DeviceMesh("xla", ids)
+        if self.partition_spec is None:
+            raise _missing_layout("partition_spec")
+        value = self.global_tensor
+        return DTensorSpec(
+            mesh=mesh,
+            placements=_placements_for(self.partition_spec, len(self.mesh_shape)),
+            tensor_meta=TensorMeta(shape=value.shape, stride=value.stride(), dtype=value.dtype),
+        )
 
     @property
     def placements(self) -> tuple[Placement, ...]:
-        """The placements that describe how this tensor is distributed."""
+        """One DTensor placement per mesh axis (Shard(dim) or Replicate())."""
         try:
-            return self._spec.placements
-        except:  # noqa: E722 - the real property swallows everything the same way
+            spec = self._spec
+        except Exception:
             raise ValueError(
                 "Placements not available: XLAShardedTensor requires mesh_shape and "
                 "partition_spec to be set. Use mark_sharding() to properly initialize sharding "
                 "information."
             ) from None
+        return spec.placements
 
     def invalidate_spec_cache(self) -> None:
-        """Invalidate the cached DTensorSpec."""
+        """Drops the DTensor spec built from the layout (it is rebuilt when next needed)."""
         self._cached_spec = None
 
     def redistribute(  # type: ignore[override]
         self, device_mesh: Any, placements: Any, *, async_op: bool = False
     ) -> XLAShardedTensor:
-        if len(placements) != len(device_mesh.mesh_shape):
+        """The tensor re-annotated for ``placements`` over ``device_mesh`` (a torch_xla Mesh).
+
+        The new sharding is a custom-sharding annotation; with ``async_op`` it goes on a
+        copy and this tensor keeps its own.
+        """
+        mesh_ndim = len(device_mesh.mesh_shape)
+        if len(placements) != mesh_ndim:
             raise ValueError(
-                f"Number of placements ({len(placements)}) must match mesh dimensions "
-                f"({len(device_mesh.mesh_shape)})"
+                f"Number of placements ({len(placements)}) must match mesh dimensions ({mesh_ndim})"
             )
+        if any(isinstance(p, Partial) for p in placements):
+            raise NotImplementedError(
+                "Partial placement is not yet implemented and may have unexpected "
+                "behavior. Use Shard or Replicate placements instead."
+            )
+        spec = _partition_spec_for(placements, self.global_tensor.dim())
+        target = self.global_tensor.clone() if async_op else self.global_tensor
+        _xlac._xla_annotate_custom_sharding(target, device_mesh.get_op_sharding(spec))
+        return XLAShardedTensor(target, mesh_shape=device_mesh.mesh_shape, partition_spec=spec)
 
-        for placement in placements:
-            if isinstance(placement, Partial):
-                raise NotImplementedError(
-                    "Partial placement is not yet implemented and may have unexpected "
-                    "behavior. Use Shard or Replicate placements instead."
-                )
+    # DTensor switches __torch_function__ off; this subclass takes torch.Tensor's own (a
+    # classmethod) back, so torch functions keep returning XLAShardedTensor.
+    __torch_function__ = vars(torch.Tensor)["__torch_function__"]
 
-        partition_spec: list[Any] = [None] * len(self.global_tensor.shape)
-        for mesh_dim, placement in enumerate(placements):
-            if isinstance(placement, Shard):
-                if placement.dim >= len(self.global_tensor.shape):
-                    raise IndexError(
-                        f"Shard dimension {placement.dim} is out of bounds for tensor with "
-                        f"{len(self.global_tensor.shape)} dimensions"
-                    )
-                partition_spec[placement.dim] = mesh_dim
 
-        result_tensor = self.global_tensor.clone() if async_op else self.global_tensor
-        op_sharding = device_mesh.get_op_sharding(tuple(partition_spec))
-        _xlac._xla_annotate_custom_sharding(result_tensor, op_sharding)
-
-        return XLAShardedTensor(
-            result_tensor,
-            mesh_shape=device_mesh.mesh_shape,
-            partition_spec=tuple(partition_spec),
-        )
-
-    @classmethod
-    def __torch_function__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        return super(DTensor, cls).__torch_function__(func, types, args, kwargs)
+def _global_of(t: XLAShardedTensor) -> torch.Tensor:
+    return t.global_tensor

@@ -11,7 +11,6 @@ with the real ones), so pytest must not rewrite them.
 from __future__ import annotations
 
 import ast
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +25,7 @@ from torch_xla import _XLAC as _xlac
 from torch_xla.distributed.spmd.xla_sharded_tensor import XLAShardedTensor
 
 from xlasim.runtime import custom_ops as _custom_ops
+from xlasim.runtime.tensor import XlaSimTensor
 from xlasim.sharding import mesh as _mesh
 from xlasim.sharding.device_mesh import (
     create_device_mesh,
@@ -45,13 +45,12 @@ from xlasim.sharding.mesh import (
 
 
 class Mesh(_mesh.Mesh):
-    """Describe the logical XLA device topology mesh and the underlying resources.
+    """A logical grid over every device of the simulated slice (see ``xlasim.sharding.Mesh``).
 
     Args:
-      device_ids: A flattened list of devices (IDs), reshaped row-major to ``mesh_shape``;
-        each ID indexes into ``xr.global_runtime_device_attributes()``.
-      mesh_shape: A int tuple describing the shape of the device mesh.
-      axis_names: A sequence of mesh axis names; its length should match ``mesh_shape``.
+      device_ids: every global device id once, laid out row-major over ``mesh_shape``.
+      mesh_shape: the size of each mesh axis.
+      axis_names: optional names for the axes, one each.
     """
 
     op_sharding_type = _xlac.OpSharding
@@ -68,7 +67,7 @@ class Mesh(_mesh.Mesh):
 
     @classmethod
     def from_str(cls, mesh_str: str) -> Mesh | None:
-        """Create Mesh from string representation."""
+        """The mesh that ``str(mesh)`` described, or None for text that is not one."""
         # Accepts ``str(mesh)``, with or without a leading "Mesh"; anything else is None.
         try:
             fields = ast.literal_eval(mesh_str.replace("Mesh", ""))
@@ -85,35 +84,34 @@ _GLOBAL_MESH: Mesh | None = None
 
 
 def set_global_mesh(mesh: Mesh) -> None:
-    """Set the global mesh that can be used for the current process."""
+    """Remembers ``mesh`` as this process's default (``get_global_mesh`` returns it)."""
     global _GLOBAL_MESH
     _GLOBAL_MESH = mesh
 
 
 def get_global_mesh() -> Mesh | None:
-    """Get the global mesh for the current process (None if not set)."""
+    """The mesh ``set_global_mesh`` stored, or None."""
     return _GLOBAL_MESH
 
 
 def get_1d_mesh(axis_name: str | None = None) -> Mesh:
-    """Helper function to return the mesh with all devices in one dimension."""
+    """A one-axis mesh over every device, in device order."""
     count = xr.global_runtime_device_count()
     names = None if axis_name is None else (axis_name,)
     return Mesh(np.arange(count), (count,), names)
 
 
-def _parse_xla_device(device: str) -> tuple[str, int]:
-    """``torch_xla._internal.utils.parse_xla_device``."""
-    m = re.match(r"([A-Z]+):(\d+)$", device)
-    if m:
-        return (m.group(1), int(m.group(2)))
-    raise ValueError(f"Invalid device string: {device}")
+def _device_ordinal(attributes: dict[str, Any]) -> int:
+    # Runtime device names are '<TYPE>:<global ordinal>'.
+    return int(attributes["name"].rpartition(":")[2])
 
 
 class HybridMesh(Mesh):
-    """A device mesh over ICI (within a slice) and DCN (across slices) connected devices,
-    laid out on the slice's physical torus from ``xr.global_runtime_device_attributes()``.
-    The logical mesh is ordered by increasing network intensity, e.g. [replica, data, model].
+    """A mesh laid out on the chips' physical torus (``ici_mesh_shape``), repeated across
+    slices (``dcn_mesh_shape``).
+
+    List the axes from least to most communication-heavy (say replica, data, model): the
+    heaviest get the best-connected devices.
     """
 
     ici_mesh_shape: tuple[int, ...]
@@ -130,7 +128,7 @@ class HybridMesh(Mesh):
         assert len(ici_mesh_shape) == len(dcn)
         mesh_shape = tuple(ici * across for ici, across in zip(ici_mesh_shape, dcn, strict=False))
         attributes = xr.global_runtime_device_attributes()
-        attributes.sort(key=lambda attr: _parse_xla_device(attr["name"])[1])
+        attributes.sort(key=_device_ordinal)
         self.device_attributes = attributes
         # Only multislice runtimes report a slice index; the dcn shape must agree with that.
         multislice = "slice_index" in attributes[0]
@@ -171,10 +169,40 @@ class HybridMesh(Mesh):
         return self._get_physical_tpu_mesh(devices)
 
 
+# Meshes and specs arrive from user code as given; these helpers hold what every annotation
+# entry point does with them.
+def _require_full_spec(t: torch.Tensor, partition_spec: PartitionSpec) -> None:
+    # One entry per tensor dim, never fewer: the replication groups depend on the rank.
+    assert len(t.shape) == len(partition_spec), (
+        f"Partition spec length ({len(partition_spec)}) should be equal to the input rank "
+        f"({len(t.shape)})."
+    )
+
+
+def _with_layout(t: Any, mesh: Any, partition_spec: PartitionSpec) -> XLAShardedTensor:
+    # The layout rides along on the wrapper for DTensor interop (placements, redistribute).
+    return wrap_as_sharded_tensor(t, mesh_shape=mesh.mesh_shape, partition_spec=partition_spec)
+
+
+def _mesh_or_global(mesh: Mesh | None) -> Any:
+    return get_global_mesh() if mesh is None else mesh
+
+
+def _annotate(
+    t: torch.Tensor | XLAShardedTensor, mesh: Mesh, partition_spec: PartitionSpec, binding: Any
+) -> XLAShardedTensor:
+    """Checks the spec, hands its OpSharding to ``binding`` and returns ``t`` with the layout."""
+    _require_full_spec(t, partition_spec)
+    sharding = mesh.get_op_sharding(partition_spec)
+    binding(unwrap_sharded_tensor(t), sharding)
+    return _with_layout(t, mesh, partition_spec)
+
+
 def _mark_manual_sharding(t: torch.Tensor | XLAShardedTensor) -> XLAShardedTensor:
     """Meant to be paired with the pause_spmd & resume_spmd APIs; don't use it alone."""
-    manual_sharding = _xlac.OpSharding([], [], [], ShardingType.MANUAL)
-    _xlac._mark_manual_sharding(unwrap_sharded_tensor(t), manual_sharding)
+    # No tile assignment: under MANUAL each device keeps whatever data it holds.
+    manual = _xlac.OpSharding([], [], [], ShardingType.MANUAL)
+    _xlac._mark_manual_sharding(unwrap_sharded_tensor(t), manual)
     return wrap_as_sharded_tensor(t)
 
 
@@ -182,14 +210,10 @@ def enable_manual_sharding(
     t: torch.Tensor | XLAShardedTensor, partition_spec: PartitionSpec, *, mesh: Mesh | None = None
 ) -> XLAShardedTensor:
     """Shard ``t`` by ``partition_spec`` and switch it (and what it feeds) to manual sharding."""
-    mesh = get_global_mesh() if mesh is None else mesh
-    sharded = mark_sharding(unwrap_sharded_tensor(t), mesh, partition_spec)  # type: ignore[arg-type]
-    local = _xlac._spmd_full_to_shard_shape(sharded.global_tensor)
-    return wrap_as_sharded_tensor(
-        local,
-        mesh_shape=mesh.mesh_shape,  # type: ignore[union-attr]
-        partition_spec=partition_spec,
-    )
+    mesh = _mesh_or_global(mesh)
+    annotated = mark_sharding(unwrap_sharded_tensor(t), mesh, partition_spec)
+    per_device = _xlac._spmd_full_to_shard_shape(annotated.global_tensor)
+    return _with_layout(per_device, mesh, partition_spec)
 
 
 def disable_manual_sharding(
@@ -200,29 +224,18 @@ def disable_manual_sharding(
     mesh: Mesh | None = None,
 ) -> XLAShardedTensor:
     """Return to automatic sharding: ``t`` becomes the full tensor sharded by the spec."""
-    mesh = get_global_mesh() if mesh is None else mesh
+    mesh = _mesh_or_global(mesh)
     manual = _mark_manual_sharding(unwrap_sharded_tensor(t)).global_tensor
-    sharding = mesh.get_op_sharding(partition_spec)  # type: ignore[union-attr]
-    full = _xlac._spmd_shard_to_full_shape(manual, sharding, full_shape, manual.dtype)
-    return wrap_as_sharded_tensor(
-        full,
-        mesh_shape=mesh.mesh_shape,  # type: ignore[union-attr]
-        partition_spec=partition_spec,
-    )
+    target = mesh.get_op_sharding(partition_spec)
+    full = _xlac._spmd_shard_to_full_shape(manual, target, full_shape, manual.dtype)
+    return _with_layout(full, mesh, partition_spec)
 
 
 def annotate_custom_sharding(
     t: torch.Tensor | XLAShardedTensor, mesh: Mesh, partition_spec: PartitionSpec
 ) -> XLAShardedTensor:
-    """Annotate ``t`` with a custom sharding IR node without moving its data."""
-    assert len(t.shape) == len(partition_spec), (
-        f"Partition spec length ({len(partition_spec)}) should be equal to the input rank "
-        f"({len(t.shape)})."
-    )
-
-    op_sharding = mesh.get_op_sharding(partition_spec)
-    _xlac._xla_annotate_custom_sharding(unwrap_sharded_tensor(t), op_sharding)
-    return wrap_as_sharded_tensor(t, mesh_shape=mesh.mesh_shape, partition_spec=partition_spec)
+    """Attaches the sharding to ``t``'s IR as a custom-sharding node; its data stays put."""
+    return _annotate(t, mesh, partition_spec, _xlac._xla_annotate_custom_sharding)
 
 
 def mark_sharding(
@@ -233,30 +246,16 @@ def mark_sharding(
     Each spec entry is a mesh axis index (int), a mesh axis name (str), a tuple of those
     (shard over several axes), or None (replicate that tensor dimension).
     """
-    # Fully specified partition specs only: their length must be the tensor's rank.
-    assert len(t.shape) == len(partition_spec), (
-        f"Partition spec length ({len(partition_spec)}) should be equal to the input rank "
-        f"({len(t.shape)})."
-    )
-
-    op_sharding = mesh.get_op_sharding(partition_spec)
-    _xlac._xla_mark_sharding(unwrap_sharded_tensor(t), op_sharding)
-    # Pass mesh and partition spec information for DTensor compatibility
-    return wrap_as_sharded_tensor(t, mesh_shape=mesh.mesh_shape, partition_spec=partition_spec)
+    return _annotate(t, mesh, partition_spec, _xlac._xla_mark_sharding)
 
 
 def mark_sharding_with_gradients(
     t: torch.Tensor | XLAShardedTensor, mesh: Mesh, partition_spec: PartitionSpec
 ) -> torch.Tensor:
     """Shard an intermediate tensor (not in place) and its gradient in the backward pass."""
-    assert len(t.shape) == len(partition_spec), (
-        f"Partition spec length ({len(partition_spec)}) should be equal to the input rank "
-        f"({len(t.shape)})."
-    )
-
-    r = MarkShardingFunction.apply(t, mesh, partition_spec)
-    assert isinstance(r, torch.Tensor)
-    return r
+    _require_full_spec(t, partition_spec)
+    # Autograd calls MarkShardingFunction.backward for the gradient's annotation.
+    return MarkShardingFunction.apply(t, mesh, partition_spec)
 
 
 def shard_as(a: Any, b: Any) -> tuple[Any, Any]:
@@ -265,10 +264,9 @@ def shard_as(a: Any, b: Any) -> tuple[Any, Any]:
 
 def clear_sharding(t: torch.Tensor | XLAShardedTensor) -> torch.Tensor:
     """Clear the sharding annotation of ``t`` in place; returns the (global) tensor."""
-    _xlac._xla_clear_sharding(unwrap_sharded_tensor(t))
-    if isinstance(t, XLAShardedTensor):
-        return t.global_tensor
-    return t
+    device_tensor = unwrap_sharded_tensor(t)
+    _xlac._xla_clear_sharding(device_tensor)
+    return device_tensor
 
 
 def wrap_as_sharded_tensor(
@@ -287,21 +285,16 @@ def wrap_as_sharded_tensor(
 
 
 def unwrap_sharded_tensor(t: torch.Tensor | XLAShardedTensor) -> torch.Tensor:
-    if isinstance(t, XLAShardedTensor):
-        return t.global_tensor
-    return t
+    return t.global_tensor if isinstance(t, XLAShardedTensor) else t
 
 
 def wrap_if_sharded(x: Any) -> Any:
-    """If the input is a sharded tensor, return an XLAShardedTensor wrapping it."""
-    if (
-        isinstance(x, torch.Tensor)
-        and not isinstance(x, XLAShardedTensor)
-        and x.device.type == "xla"
-        and _xlac._get_xla_sharding_type(x) is not None
-    ):
-        return XLAShardedTensor(x)
-    return x
+    """``x`` as an XLAShardedTensor when it is an xla tensor with a sharding, else ``x``."""
+    # Only a bare xla tensor can need a wrapper; anything else comes back unchanged.
+    if isinstance(x, XLAShardedTensor) or not isinstance(x, torch.Tensor):
+        return x
+    annotated = xm.is_xla_tensor(x) and _xlac._get_xla_sharding_type(x) is not None
+    return XLAShardedTensor(x) if annotated else x
 
 
 @dataclass
@@ -328,20 +321,13 @@ class ShardingSpec:
 
     def xla_spec(self, t: torch.Tensor) -> Any:
         """An XlaShardingSpec for ``t``, or None when the spec does not fit its rank."""
-        if not self.can_apply(t):
-            return None
-        return _xlac.XlaShardingSpec(
-            t,
-            self._tile_assignment,
-            self._group_assignment,
-            self._replication_groups,
-            int(self._sharding_type),
-            bool(self.minibatch),
-        )
+        derived = (self._tile_assignment, self._group_assignment, self._replication_groups)
+        kind, minibatch = int(self._sharding_type), bool(self.minibatch)
+        return _xlac.XlaShardingSpec(t, *derived, kind, minibatch) if self.can_apply(t) else None
 
     def can_apply(self, t: torch.Tensor) -> bool:
-        """Test whether the ShardingSpec is compatible with the given torch.Tensor."""
-        return len(t.shape) == len(self.partition_spec)
+        """Whether the spec has one entry per dimension of ``t``."""
+        return t.dim() == len(self.partition_spec)
 
     def apply(self, t: torch.Tensor) -> None:
         assert t.device == torch_xla.device()
@@ -355,8 +341,10 @@ class XLAPatchedLinear(torch.autograd.Function):
     @staticmethod
     @custom_fwd(device_type="xla", cast_inputs=torch.get_autocast_dtype("xla"))
     def forward(ctx: Any, input: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:  # noqa: A002
+        # The op (not a bare einsum) keeps AOTAutograd from decomposing it.
+        out = _custom_ops.einsum_linear_forward(input, weight, bias)
         ctx.save_for_backward(input, weight, bias)
-        return torch.ops.xla.einsum_linear_forward(input, weight, bias)
+        return out
 
     @staticmethod
     @custom_bwd(device_type="xla")
@@ -376,21 +364,24 @@ def xla_patched_nn_linear_forward(m: torch.nn.Module, input: Tensor) -> Tensor: 
 
 
 class EinsumLinear(torch.nn.Linear):
-    """A `torch.nn.Linear` subclass implemented with `einsum`."""
+    """``nn.Linear`` whose forward and backward are einsums (see ``XLAPatchedLinear``)."""
 
     def forward(self, input: Tensor) -> Tensor:  # noqa: A002
-        t = xla_patched_nn_linear_forward(self, input)
-        assert isinstance(t, torch.Tensor)
-        return t
+        return XLAPatchedLinear.apply(input, self.weight, self.bias)
 
 
 def apply_xla_patch_to_nn_linear(module: torch.nn.Module) -> torch.nn.Module:
-    """Recursively replace `nn.Linear` layers with `EinsumLinear` in the module."""
-    for name, child in module.named_children():
-        if isinstance(child, torch.nn.Linear) and not isinstance(child, EinsumLinear):
-            setattr(module, name, _as_einsum_linear(child))
-        else:
-            apply_xla_patch_to_nn_linear(child)
+    """Swaps every ``nn.Linear`` below ``module`` for an ``EinsumLinear`` on the same
+    parameters, and returns ``module``."""
+    # A swapped Linear is replaced whole, so nothing below it is visited.
+    pending = [module]
+    while pending:
+        parent = pending.pop()
+        for name, child in list(parent.named_children()):
+            if isinstance(child, torch.nn.Linear) and not isinstance(child, EinsumLinear):
+                setattr(parent, name, _as_einsum_linear(child))
+            else:
+                pending.append(child)
     return module
 
 
@@ -403,15 +394,15 @@ def _as_einsum_linear(linear: torch.nn.Linear) -> EinsumLinear:
 
 
 def apply_backward_optimization_barrier(m: torch.nn.Module) -> None:
-    """Register a full backward hook applying an optimization barrier to the module."""
+    """Puts an optimization barrier on ``m``'s gradients in the backward pass, so the
+    compiler cannot fuse its backward with the rest of the graph."""
 
-    def optimization_barrier(module: Any, grad_input: Any, grad_output: Any) -> None:
-        gradients = [p.grad for p in module.parameters() if p.grad is not None]
-        xm.optimization_barrier_(
-            [g for g in gradients + list(grad_input) if isinstance(g, torch.Tensor)]
-        )
+    def barrier_hook(module: Any, grad_input: Any, grad_output: Any) -> None:
+        # Parameters without a gradient yet, and absent input gradients, are None.
+        candidates = [*(p.grad for p in module.parameters()), *grad_input]
+        xm.optimization_barrier_([g for g in candidates if isinstance(g, torch.Tensor)])
 
-    m.register_full_backward_hook(optimization_barrier)
+    m.register_full_backward_hook(barrier_hook)
 
 
 class MarkShardingFunction(torch.autograd.Function):
@@ -431,12 +422,23 @@ class MarkShardingFunction(torch.autograd.Function):
 
 
 def _mark_sharding_from_strings(t: Tensor, mesh: str, partition_spec: str) -> Tensor:
-    """The kernel of ``xla::aot_mark_sharding``: its arguments come as strings."""
-    parsed_mesh = Mesh.from_str(mesh)
-    assert parsed_mesh is not None
-    spec = ast.literal_eval(partition_spec)
-    return mark_sharding(t.clone(), parsed_mesh, spec).global_tensor
+    """The kernel of ``xla::aot_mark_sharding``: a sharded copy of ``t``.
+
+    A custom op takes only schema-typed arguments, so the mesh and the spec arrive as the
+    text ``str()`` gives for them and are read back here.
+    """
+    target = Mesh.from_str(mesh)
+    assert target is not None
+    copy = mark_sharding(t.clone(), target, ast.literal_eval(partition_spec))
+    return copy.global_tensor
+
+
+def _aot_mark_sharding_on_device(_cls: Any, _func: Any, _types: Any, args: Any, kwargs: Any) -> Any:
+    return _mark_sharding_from_strings(*args, **kwargs)
 
 
 _custom_ops.set_mark_sharding_kernel(_mark_sharding_from_strings)
 _aot_mark_sharding = _custom_ops.aot_mark_sharding
+# The simulator's xla tensors are a Python dispatch subclass: without this rule the op would
+# reach its kernel with their CPU values, which cannot hold a sharding.
+_aot_mark_sharding.register_torch_dispatch(XlaSimTensor, _aot_mark_sharding_on_device)
