@@ -99,6 +99,19 @@ def test_an_op_the_lowering_lacks_fails_at_sync_naming_it():
             torch_xla.sync()
 
 
+def _mlp_step(fc1, fc2, opt, batch: torch.Tensor, mesh) -> None:
+    """One training step of fc2(relu(fc1(x))) on ``batch`` split over the mesh's data axis."""
+    import torch_xla
+    import torch_xla.distributed.spmd as xs
+
+    x = batch.to(torch_xla.device())
+    xs.mark_sharding(x, mesh, ("data", None))
+    fc2(torch.relu(fc1(x))).square().mean().backward()
+    opt.step()
+    opt.zero_grad()
+    torch_xla.sync()
+
+
 def _sharded_sgd_step(d: int, h: int, batch: int):
     """A sharded two-layer MLP + SGD step on v5e 2x4 (data 2 x model 4) with the compiler on;
     returns the figures of the graph its sync compiled."""
@@ -115,12 +128,7 @@ def _sharded_sgd_step(d: int, h: int, batch: int):
         xs.mark_sharding(fc1.bias, mesh, ("model",))
         xs.mark_sharding(fc2.weight, mesh, (None, "model"))
         opt = torch.optim.SGD([fc1.weight, fc1.bias, fc2.weight], lr=0.1)
-        x = torch.randn(batch, d).to(dev)
-        xs.mark_sharding(x, mesh, ("data", None))
-        fc2(torch.relu(fc1(x))).square().mean().backward()
-        opt.step()
-        opt.zero_grad()
-        torch_xla.sync()
+        _mlp_step(fc1, fc2, opt, torch.randn(batch, d), mesh)
         (figures,) = xlasim.compiled_graphs()
         return figures
 
@@ -271,12 +279,7 @@ def test_xla_gives_the_optimizer_state_its_sharding():
         xs.mark_sharding(fc2.weight, mesh, (None, "model"))
         opt = torch.optim.AdamW([fc1.weight, fc2.weight], lr=1e-3)
         for _ in range(2):
-            x = torch.randn(batch, d).to(dev)
-            xs.mark_sharding(x, mesh, ("data", None))
-            fc2(torch.relu(fc1(x))).square().mean().backward()
-            opt.step()
-            opt.zero_grad()
-            torch_xla.sync()
+            _mlp_step(fc1, fc2, opt, torch.randn(batch, d), mesh)
         exp_avg = opt.state[fc1.weight]["exp_avg"]
         spec = torch_xla._XLAC._get_xla_sharding_spec(exp_avg)
         second = xlasim.compiled_graphs()[-1]
