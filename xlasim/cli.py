@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
-import subprocess
 import sys
 import sysconfig
 from collections.abc import Sequence
@@ -17,6 +15,7 @@ from tpu_backend.topology import (
     parse_slice,
     tpu_host_env,
 )
+from xlasim.host_launcher import HOSTS_ADDR_ENV, loopback_address, run_hosts
 from xlasim.runtime.run_options import (
     COMPILER_ENV,
     COMPILERS,
@@ -65,16 +64,22 @@ def _cmd_run(args: argparse.Namespace) -> int:
         command = command[1:]
     if not command:
         raise SystemExit("xlasim run: no command given; usage: xlasim run --topology T -- CMD ...")
-    env = dict(os.environ)
-    env.update(
-        simulation_env(
-            args.topology,
-            args.accelerator,
-            args.host_index,
-            compiler=args.compiler,
-            dry_run=args.dry_run,
+    spec = parse_slice(args.topology, args.accelerator)
+    # By default the whole slice: one process per host, as `--worker=all` starts on a TPU pod.
+    indexes = list(range(spec.num_hosts)) if args.host_index is None else [args.host_index]
+    envs = [
+        dict(
+            os.environ,
+            **simulation_env(
+                args.topology, args.accelerator, h, compiler=args.compiler, dry_run=args.dry_run
+            ),
         )
-    )
+        for h in indexes
+    ]
+    if len(indexes) > 1:
+        addr = os.environ.get(HOSTS_ADDR_ENV) or loopback_address()
+        for env in envs:
+            env[HOSTS_ADDR_ENV] = addr
     if not _pth_installed():
         raise SystemExit(
             "xlasim run: xlasim.pth is not installed in this environment's site-packages, so "
@@ -82,15 +87,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
             "(`pip install -e .` or `pip install xlasim`)"
         )
     try:
-        rc = subprocess.call(command, env=env)
+        return run_hosts(command, envs, echo_all=args.all_output)
     except FileNotFoundError:
         raise SystemExit(f"xlasim run: command not found: {command[0]!r}") from None
-    if rc < 0:
-        # Killed by a signal: exit as a shell reports it (128 + N), not as the byte that -N
-        # wraps to (SIGABRT would read 250), and say which signal.
-        print(f"xlasim run: {command[0]} was killed by {signal.Signals(-rc).name}", file=sys.stderr)
-        return 128 - rc
-    return rc
 
 
 def _cmd_describe(args: argparse.Namespace) -> int:
@@ -140,7 +139,17 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--accelerator", default=None, help=f"TPU generation (default {DEFAULT_ACCELERATOR})"
     )
-    run.add_argument("--host-index", type=int, default=0, help="which host this process is")
+    run.add_argument(
+        "--host-index",
+        type=int,
+        default=None,
+        help="run only this host (default: every host of the slice, one process each)",
+    )
+    run.add_argument(
+        "--all-output",
+        action="store_true",
+        help="print every host's output, each line prefixed [host N] (default: host 0's only)",
+    )
     run.add_argument(
         "--compiler",
         default=None,

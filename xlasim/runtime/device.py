@@ -54,6 +54,9 @@ _NO_DEVICE_QUEUE = "device_ready_queues_"
 
 _lock = threading.Lock()
 _guard_ready = False
+# How long a process waits for another one building the extension (a cold build takes about
+# 30 s on 2 idle cores, minutes on a loaded machine).
+BUILD_WAIT_S = 900.0
 
 
 def _extension_name(source: str) -> str:
@@ -62,6 +65,27 @@ def _extension_name(source: str) -> str:
     digest = zlib.crc32((source + os.path.dirname(torch.__file__)).encode())
     version = re.sub(r"\W", "_", torch.__version__)
     return f"xlasim_xla_{version}_{digest:08x}"
+
+
+def _build(name: str, source: str, build_dir: str) -> None:
+    # Deferred with the caller's: cpp_extension is slow to import.
+    from torch.utils import cpp_extension
+
+    # torch's own build lock is a plain file that outlives a process killed mid-build and then
+    # blocks every later one; the caller holds an OS lock, which dies with its holder, so any
+    # torch lock left in the directory now is stale.
+    stale = os.path.join(build_dir, "lock")
+    if os.path.exists(stale):
+        os.remove(stale)
+    try:
+        cpp_extension.load_inline(
+            name=name, cpp_sources=[source], is_python_module=False, verbose=False
+        )
+    except (RuntimeError, OSError) as exc:  # compiler or ninja missing
+        raise RuntimeError(
+            "xlasim could not build its XLA device-guard extension (it needs a C++ "
+            "compiler such as g++ and the `ninja` package): " + str(exc)
+        ) from exc
 
 
 def ensure_device_guard() -> None:
@@ -74,32 +98,35 @@ def ensure_device_guard() -> None:
             return
         # Deferred: only the first simulation of a process builds the extension, and
         # cpp_extension is slow to import.
-        from filelock import FileLock
+        from filelock import FileLock, Timeout
         from torch.utils import cpp_extension
 
         # Built under torch's extension cache (TORCH_EXTENSIONS_DIR to move it).
         source = _source()
         name = _extension_name(source)
         build_dir = cpp_extension._get_build_directory(name, verbose=False)
-        # torch's own build lock is a plain file that outlives a process killed mid-build and
-        # then blocks every later one; an OS lock dies with its holder, so while we hold it any
-        # torch lock left in the directory is stale.
-        with FileLock(os.path.join(build_dir, "xlasim-build.lock")):
-            stale = os.path.join(build_dir, "lock")
-            if os.path.exists(stale):
-                os.remove(stale)
-            try:
-                cpp_extension.load_inline(
-                    name=name,
-                    cpp_sources=[source],
-                    is_python_module=False,
-                    verbose=False,
-                )
-            except (RuntimeError, OSError) as exc:  # compiler or ninja missing
-                raise RuntimeError(
-                    "xlasim could not build its XLA device-guard extension (it needs a C++ "
-                    "compiler such as g++ and the `ninja` package): " + str(exc)
-                ) from exc
+        built = os.path.join(build_dir, "xlasim-built")
+        lock = FileLock(os.path.join(build_dir, "xlasim-build.lock"), timeout=BUILD_WAIT_S)
+        try:
+            lock.acquire()
+        except Timeout:
+            raise TimeoutError(
+                f"xlasim waited {BUILD_WAIT_S:g} s for another process to finish building its "
+                f"device-guard extension in {build_dir}; if no such process is running, "
+                "delete that directory"
+            ) from None
+        try:
+            if os.path.exists(built):
+                # Built before from this very source (the directory name says so): load it
+                # without asking ninja, whose verdict changes with whichever ninja is first on
+                # PATH (two versions hash a command differently and rebuild each other's work).
+                torch.ops.load_library(os.path.join(build_dir, f"{name}.so"))
+            else:
+                _build(name, source, build_dir)
+                with open(built, "w") as marker:
+                    marker.write(torch.__version__)
+        finally:
+            lock.release()
         _guard_ready = True
 
 

@@ -51,15 +51,48 @@ def host_link(rt: SimRuntime) -> HostLink | None:
             f"per host with {ADDR_ENV}='host:port' (the same address for all, host 0 listens)"
         )
     host, port = _parse_addr(addr)
-    timeout = datetime.timedelta(seconds=float(os.environ.get(TIMEOUT_ENV, _DEFAULT_TIMEOUT_S)))
-    store = dist.TCPStore(
-        host, port, num_hosts, is_master=rt.host_index == 0, timeout=timeout, wait_for_workers=True
-    )
-    group = dist.ProcessGroupGloo(
-        dist.PrefixStore("xlasim_hosts", store), rt.host_index, num_hosts, timeout
-    )
-    rt.hosts = HostLink(group, store)
+    timeout_s = _timeout_s()
+    timeout = datetime.timedelta(seconds=timeout_s)
+    try:
+        store = dist.TCPStore(
+            host, port, num_hosts, is_master=rt.host_index == 0, timeout=timeout,
+            wait_for_workers=True,
+        )  # fmt: skip
+        group = dist.ProcessGroupGloo(
+            dist.PrefixStore("xlasim_hosts", store), rt.host_index, num_hosts, timeout
+        )
+    except dist.DistError as exc:
+        raise TimeoutError(
+            f"xlasim: host {rt.host_index} of a {num_hosts}-host slice could not meet the other "
+            f"hosts at {ADDR_ENV}={addr!r} within {TIMEOUT_ENV}={timeout_s:g} s: {exc}"
+        ) from exc
+    rt.hosts = HostLink(group, store, timeout_s)
     return rt.hosts
+
+
+def _timeout_s() -> float:
+    text = os.environ.get(TIMEOUT_ENV, str(_DEFAULT_TIMEOUT_S))
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ValueError(f"{TIMEOUT_ENV}={text!r} is not valid: expected seconds > 0, e.g. 300")
+    return value
+
+
+def _exchange(
+    link: HostLink, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor]
+) -> None:
+    """One allgather among the hosts; a host that is gone or stuck ends it within the bound."""
+    try:
+        link.group.allgather(outputs, inputs).wait()
+    except RuntimeError as exc:
+        raise TimeoutError(
+            "xlasim: exchanging host-entered data with the other hosts failed (each exchange "
+            f"waits at most {TIMEOUT_ENV}={link.timeout_s:g} s; a host that exited or "
+            f"hangs ends it): {exc}"
+        ) from exc
 
 
 def all_gather(rt: SimRuntime, value: torch.Tensor) -> list[torch.Tensor]:
@@ -70,13 +103,12 @@ def all_gather(rt: SimRuntime, value: torch.Tensor) -> list[torch.Tensor]:
     link = host_link(rt)
     if link is None:
         return [value]
-    group = link.group
     local = value.detach().contiguous()
     shapes_in = torch.tensor(
         [local.dim(), *local.shape, *([0] * (8 - local.dim()))], dtype=torch.int64
     )
     shapes = [torch.empty_like(shapes_in) for _ in range(rt.spec.num_hosts)]
-    group.allgather([shapes], [shapes_in]).wait()
+    _exchange(link, [shapes], [shapes_in])
     if any(not torch.equal(s, shapes_in) for s in shapes):
         raise RuntimeError(
             "xlasim: the hosts disagree on the shape of a tensor entering the devices: "
@@ -84,7 +116,7 @@ def all_gather(rt: SimRuntime, value: torch.Tensor) -> list[torch.Tensor]:
             + " (on a real slice every host must transfer the same shapes)"
         )
     out = [torch.empty_like(local) for _ in range(rt.spec.num_hosts)]
-    group.allgather([out], [local]).wait()
+    _exchange(link, [out], [local])
     return out
 
 

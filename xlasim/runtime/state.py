@@ -51,6 +51,8 @@ class HostLink:
     """A ``torch.distributed.ProcessGroupGloo``."""
     store: Any
     """The ``TCPStore`` under the group, kept alive as long as the group."""
+    timeout_s: float
+    """How long meeting the other hosts and each exchange may wait."""
 
 
 @dataclass(eq=False)  # one runtime is one process's state: compared by identity

@@ -1,0 +1,259 @@
+"""`xlasim run` on a multi-host slice: one process per simulated host, wired together.
+
+The hosts' program is an ordinary SPMD training script; each host feeds its own part of the
+global batch (``minibatch`` input sharding), so the run trains on the global batch only if the
+hosts really exchange what they hold.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import sysconfig
+import textwrap
+import time
+
+import pytest
+import torch
+
+from xlasim import host_launcher
+from xlasim.runtime import hosts
+
+pytestmark = pytest.mark.skipif(
+    not os.path.exists(os.path.join(sysconfig.get_paths()["purelib"], "xlasim.pth")),
+    reason="xlasim is not installed in this environment (no xlasim.pth in site-packages)",
+)
+
+WAIT_S = 300
+
+TRAIN = textwrap.dedent(
+    """
+    import numpy as np, torch, torch_xla
+    import torch_xla.core.xla_model as xm
+    import torch_xla.distributed.spmd as xs
+    import torch_xla.runtime as xr
+
+    xr.use_spmd()
+    n, count, me = xr.global_runtime_device_count(), xr.process_count(), xr.process_index()
+    mesh = xs.Mesh(np.arange(n), (n,), ("data",))
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(4 * n, 8, generator=g), torch.randn(4 * n, 1, generator=g)
+    part = slice(me * x.shape[0] // count, (me + 1) * x.shape[0] // count)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 1).to(torch_xla.device())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    spec = xs.ShardingSpec(mesh, ("data", None), minibatch=True)
+    for step in range(2):
+        xb, yb = xm.send_cpu_data_to_device([x[part], y[part]], torch_xla.device(), spec)
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(xb), yb)
+        loss.backward()
+        opt.step()
+        torch_xla.sync()
+        print(f"host {me} of {count} step {step} loss {loss.item()!r}", flush=True)
+    """
+)
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("XLASIM_")}
+
+
+def _xlasim_run(*args: str, timeout: float = WAIT_S) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "xlasim", "run", *args],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _eager_losses(num_devices: int) -> list[float]:
+    g = torch.Generator().manual_seed(0)
+    x, y = (
+        torch.randn(4 * num_devices, 8, generator=g),
+        torch.randn(4 * num_devices, 1, generator=g),
+    )
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for _ in range(2):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+def _losses(lines: list[str], prefix: str) -> list[float]:
+    return [float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(prefix)]
+
+
+def test_the_launcher_sets_the_address_the_runtime_reads():
+    assert host_launcher.HOSTS_ADDR_ENV == hosts.ADDR_ENV
+
+
+def test_run_starts_every_host_and_trains_on_the_global_batch():
+    out = _xlasim_run("--topology", "4x4", "--", sys.executable, "-c", TRAIN)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    # only host 0 speaks by default, and it knows it is one of four
+    assert [line.split(" step")[0] for line in lines] == ["host 0 of 4"] * 2
+    assert _losses(lines, "host 0 of 4") == pytest.approx(_eager_losses(16), rel=1e-5)
+
+
+def test_all_output_shows_every_host_prefixed():
+    out = _xlasim_run(
+        "--topology", "2x2x2", "--accelerator", "v4", "--all-output",
+        "--", sys.executable, "-c", TRAIN,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    assert all(line.startswith(("[host 0] ", "[host 1] ")) for line in lines), lines
+    host0 = _losses([line.removeprefix("[host 0] ") for line in lines], "host 0 of 2")
+    host1 = _losses([line.removeprefix("[host 1] ") for line in lines], "host 1 of 2")
+    assert host0 == pytest.approx(_eager_losses(8), rel=1e-5)
+    # the hosts run one global program: host 1 computes the same losses, bit for bit
+    assert host1 == host0
+
+
+def _pid_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+SLEEPER = textwrap.dedent(
+    """
+    import os, sys, time
+    import torch_xla.runtime as xr
+    me = xr.process_index()
+    pid_file = os.path.join(sys.argv[1], f"pid{me}")
+    with open(pid_file + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(pid_file + ".tmp", pid_file)  # whole or absent: the test reads it when it appears
+    if me == int(sys.argv[2]):
+        # fail only once every host is up, so the others are there to be stopped
+        deadline = time.monotonic() + 240
+        while not all(os.path.exists(os.path.join(sys.argv[1], f"pid{h}"))
+                      for h in range(xr.process_count())):
+            assert time.monotonic() < deadline, "the other hosts did not start within 240 s"
+            time.sleep(0.1)
+        print(f"host {me} gives up", flush=True)
+        raise SystemExit(7)
+    time.sleep(600)
+    """
+)
+
+
+def test_the_first_failing_host_sets_the_exit_code_and_ends_the_others(tmp_path):
+    out = _xlasim_run(
+        "--topology", "2x2x2", "--accelerator", "v4",
+        "--", sys.executable, "-c", SLEEPER, str(tmp_path), "1",
+    )  # fmt: skip
+    assert out.returncode == 7
+    assert "on host 1 of 2 exited with code 7; stopping the other hosts" in out.stderr
+    # host 1's output was not shown live, so its last lines come with the failure
+    assert "[host 1] host 1 gives up" in out.stderr
+    assert _pid_gone(int((tmp_path / "pid0").read_text()))
+
+
+def test_ctrl_c_ends_every_host(tmp_path):
+    launcher = subprocess.Popen(
+        [
+            sys.executable, "-m", "xlasim", "run", "--topology", "2x2x2", "--accelerator", "v4",
+            "--", sys.executable, "-c", SLEEPER, str(tmp_path), "-1",
+        ],
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while not all((tmp_path / f"pid{h}").exists() for h in range(2)):
+            assert launcher.poll() is None, launcher.communicate()
+            assert time.monotonic() < deadline, f"hosts did not start within {WAIT_S} s"
+            time.sleep(0.2)
+        pids = [int((tmp_path / f"pid{h}").read_text()) for h in range(2)]
+        launcher.send_signal(signal.SIGINT)
+        _, err = launcher.communicate(timeout=60)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait(timeout=30)
+    assert launcher.returncode == 130
+    assert "interrupted; stopping 2 hosts" in err
+    assert all(_pid_gone(pid) for pid in pids)
+
+
+def test_one_host_of_a_slice_runs_alone_with_host_index():
+    code = "import torch_xla.runtime as xr; print(xr.process_index(), xr.process_count())"
+    out = _xlasim_run(
+        "--topology", "2x2x2", "--accelerator", "v4", "--host-index", "1",
+        "--", sys.executable, "-c", code,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["1", "2"]
+
+
+def test_a_missing_command_is_one_line():
+    out = _xlasim_run("--topology", "2x2x2", "--accelerator", "v4", "--", "no-such-program-x")
+    assert out.returncode != 0
+    assert out.stderr.strip() == "xlasim run: command not found: 'no-such-program-x'"
+
+
+def test_a_host_index_outside_the_slice_is_refused_before_any_host_starts():
+    out = _xlasim_run(
+        "--topology", "2x2x2", "--accelerator", "v4", "--host-index", "2", "--", "true"
+    )
+    assert out.returncode == 2
+    assert "2" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+LONE = textwrap.dedent(
+    """
+    import numpy as np, torch, torch_xla
+    import torch_xla.distributed.spmd as xs
+    import torch_xla.runtime as xr
+
+    xr.use_spmd()
+    if xr.process_index() == 0:
+        t = torch.zeros(8, 2).to(torch_xla.device())
+        xs.mark_sharding(t, xs.Mesh(np.arange(8), (8,), ("d",)), ("d", None))
+    """
+)
+
+
+def test_a_host_left_alone_stops_within_the_named_bound():
+    env = dict(_env(), XLASIM_HOSTS_TIMEOUT_S="3")
+    out = subprocess.run(
+        [
+            sys.executable, "-m", "xlasim", "run", "--topology", "2x2x2", "--accelerator", "v4",
+            "--", sys.executable, "-c", LONE,
+        ],
+        env=env, capture_output=True, text=True, timeout=WAIT_S,
+    )  # fmt: skip
+    assert out.returncode == 1
+    assert "could not meet the other hosts" in out.stderr
+    assert "within XLASIM_HOSTS_TIMEOUT_S=3 s" in out.stderr
+
+
+def test_a_bad_hosts_timeout_is_named():
+    env = dict(_env(), XLASIM_HOSTS_TIMEOUT_S="soon")
+    out = subprocess.run(
+        [
+            sys.executable, "-m", "xlasim", "run", "--topology", "2x2x2", "--accelerator", "v4",
+            "--", sys.executable, "-c", LONE,
+        ],
+        env=env, capture_output=True, text=True, timeout=WAIT_S,
+    )  # fmt: skip
+    assert out.returncode == 1
+    assert "XLASIM_HOSTS_TIMEOUT_S='soon' is not valid: expected seconds > 0" in out.stderr
