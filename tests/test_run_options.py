@@ -8,6 +8,8 @@ is the missing-extra error; where it is installed, the same request is accepted.
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 
 import pytest
@@ -116,3 +118,26 @@ def test_dry_run_trains_a_model_larger_than_this_machine_and_refuses_values():
             layer.weight.cpu()
     # Factories make real tensors again once the dry run is over.
     assert torch.ones(2).device.type == "cpu"
+
+
+def test_a_dry_run_program_exits_cleanly_after_backward(tmp_path):
+    # The dry run stays active until the interpreter exits; the simulator's own work at exit
+    # (releasing autograd's device threads on a scratch runtime) must get real CPU tensors.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("XLASIM_")}
+    # Entered and never left, as `xlasim run --dry-run` activates it in the program.
+    code = (
+        "import torch, xlasim\n"
+        "xlasim.simulate(topology='2x2', dry_run=True).__enter__()\n"
+        "import torch_xla\n"
+        "dev = torch_xla.device()\n"
+        "layer = torch.nn.Linear(64, 64).to(dev)\n"
+        "layer(torch.randn(4, 64).to(dev)).sum().backward()\n"
+        "torch_xla.sync()\n"
+        "print(torch.ones(1).device)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "meta"  # the dry run is still on
+    assert result.stderr == ""

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
+from xlasim.runtime import state
 from xlasim.runtime.graph import user_site
 
 META = torch.device("meta")
@@ -56,18 +57,25 @@ def _is_cpu(device: Any) -> bool:
 
 
 class ShapeOnlyFactories(TorchFunctionMode):
-    """Turns CPU calls of the size-only factory functions into ``meta`` tensors."""
+    """Turns CPU calls of the size-only factory functions into ``meta`` tensors, while the
+    active runtime is a dry run (not while the simulator's own scratch runtime is)."""
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         if (
             func in _SIZED_FACTORIES
+            and _dry_run_active()
             and _is_cpu(kwargs.get("device"))
             and _sized(func, args, kwargs)
         ):
             kwargs = {**kwargs, "device": META}
             kwargs.pop("pin_memory", None)
         return func(*args, **kwargs)
+
+
+def _dry_run_active() -> bool:
+    runtime = state.active()
+    return runtime is not None and runtime.dry_run
 
 
 def _sized(func: Any, args: Any, kwargs: Any) -> bool:
