@@ -6,9 +6,8 @@ batch are sharded over a (devices/2, 2) ('data', 'model') mesh, on v6e 2x2
 (4 chips, one host), v5p 4x8x8 and v6e 16x16 (256 chips, 64 hosts), next to the same step in
 eager CPU torch, and the ratios (target: 256-chip / eager <= 10x).
 
-One process stands for host 0 of the multi-host slices.  Transfers that shard data would
-gather every host's copy of it; here every host is taken to hold the same values (as when
-each host loads identical data), so the gather hands back this host's value once per host.
+One process stands for every host of the multi-host slices (``simulate(single_process=True)``):
+the absent hosts enter the same data as host 0, as when every host loads identical data.
 
     python bench/bench_slice_size.py [--steps 20]
 """
@@ -58,50 +57,40 @@ def eager_step_seconds(steps: int) -> float:
     return _median_step(lambda: train_step(model, opt, x, y).item(), steps)
 
 
-def _same_data_on_every_host(rt, value: torch.Tensor) -> list[torch.Tensor]:
-    return [value] * rt.spec.num_hosts
-
-
 def sim_step_seconds(topology: str, accelerator: str, steps: int) -> tuple[float, float]:
     """(seconds to build the mesh, place and annotate everything and run the first step,
     median seconds of a later step); the per-simulation import of the simulated modules is
     left out of both."""
     import xlasim
-    from xlasim.runtime import hosts
 
-    gather = hosts.all_gather
-    hosts.all_gather = _same_data_on_every_host
-    try:
-        with xlasim.simulate(topology, accelerator) as rt:
-            import torch_xla
-            import torch_xla.distributed.spmd as xs
-            import torch_xla.runtime as xr
+    with xlasim.simulate(topology, accelerator, single_process=True) as rt:
+        import torch_xla
+        import torch_xla.distributed.spmd as xs
+        import torch_xla.runtime as xr
 
-            start = time.process_time()
+        start = time.process_time()
 
-            xr.use_spmd()
-            n = rt.spec.num_devices
-            names = ("data", "model")
-            mesh = xs.Mesh(np.arange(n), (n // 2, 2), names)
-            dev = torch_xla.device()
-            model = _model().to(dev)
-            for layer in (model[0], model[2]):
-                xs.mark_sharding(layer.weight, mesh, (names[1], None))
-            x, y = (t.to(dev) for t in _data())
-            xs.mark_sharding(x, mesh, (names[0], None))
-            xs.mark_sharding(y, mesh, (names[0], None))
-            opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+        xr.use_spmd()
+        n = rt.spec.num_devices
+        names = ("data", "model")
+        mesh = xs.Mesh(np.arange(n), (n // 2, 2), names)
+        dev = torch_xla.device()
+        model = _model().to(dev)
+        for layer in (model[0], model[2]):
+            xs.mark_sharding(layer.weight, mesh, (names[1], None))
+        x, y = (t.to(dev) for t in _data())
+        xs.mark_sharding(x, mesh, (names[0], None))
+        xs.mark_sharding(y, mesh, (names[0], None))
+        opt = torch.optim.SGD(model.parameters(), lr=1e-3)
 
-            def step() -> None:
-                loss = train_step(model, opt, x, y)
-                torch_xla.sync()
-                loss.item()
+        def step() -> None:
+            loss = train_step(model, opt, x, y)
+            torch_xla.sync()
+            loss.item()
 
-            step()
-            setup = time.process_time() - start
-            return setup, _median_step(step, steps)
-    finally:
-        hosts.all_gather = gather
+        step()
+        setup = time.process_time() - start
+        return setup, _median_step(step, steps)
 
 
 def main() -> None:

@@ -257,3 +257,33 @@ def test_a_bad_hosts_timeout_is_named():
     )  # fmt: skip
     assert out.returncode == 1
     assert "XLASIM_HOSTS_TIMEOUT_S='soon' is not valid: expected seconds > 0" in out.stderr
+
+
+def test_single_process_stands_for_every_host():
+    out = _xlasim_run("--topology", "4x4", "--single-process", "--", sys.executable, "-c", TRAIN)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    assert [line.split(" step")[0] for line in lines] == ["host 0 of 4"] * 2
+    # host 0's quarter of the global batch, entered by all four hosts: the global batch is that
+    # quarter four times over, whose mean loss is the quarter's own
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(64, 8, generator=g), torch.randn(64, 1, generator=g)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    expected = []
+    for _ in range(2):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x[:16]), y[:16])
+        loss.backward()
+        opt.step()
+        expected.append(loss.item())
+    assert _losses(lines, "host 0 of 4") == pytest.approx(expected, rel=1e-5)
+
+
+def test_single_process_and_host_index_exclude_each_other():
+    out = _xlasim_run("--topology", "4x4", "--single-process", "--host-index", "1", "--", "true")
+    assert out.returncode != 0
+    assert out.stderr.strip() == (
+        "xlasim run: --single-process and --host-index exclude each other"
+    )

@@ -546,6 +546,37 @@ def test_sim_target_fails_if_torch_xla_is_not_the_simulator(
     result.stdout.fnmatch_lines(["*the torch_xla imported by this test is*not the simulator*"])
 
 
+def test_a_multi_host_topology_runs_spmd_tests_in_one_process(pytester: pytest.Pytester):
+    pytester.makepyfile(
+        """
+        import numpy as np
+        import torch
+
+        def test_minibatch_and_sharding(xla_target):
+            import torch_xla
+            import torch_xla.core.xla_model as xm
+            import torch_xla.distributed.spmd as xs
+            import torch_xla.runtime as xr
+
+            xr.use_spmd()
+            assert (xr.process_count(), xr.process_index()) == (4, 0)
+            assert xr.addressable_runtime_device_count() == 4
+            mesh = xs.Mesh(np.arange(16), (16,), ("data",))
+            spec = xs.ShardingSpec(mesh, ("data", None), minibatch=True)
+            (xb,) = xm.send_cpu_data_to_device([torch.ones(8, 2)], torch_xla.device(), spec)
+            assert tuple(xb.shape) == (32, 2)
+            t = torch.arange(16.0).reshape(16, 1).to(torch_xla.device())
+            xs.mark_sharding(t, mesh, ("data", None))
+            assert (t * 2).sum().item() == 240.0
+        """
+    )
+    result = run_sim(pytester, "--topology", "4x4", "--xla-targets", "sim")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(
+        ["xlasim: v6e-16 has 4 hosts; each sim-target test is one process*"]
+    )
+
+
 def test_compiler_option_rejects_a_bad_name(pytester: pytest.Pytester) -> None:
     pytester.makepyfile("def test_nothing():\n    pass\n")
     result = run(pytester, "--xlasim-compiler", "gcc")

@@ -27,6 +27,8 @@ _SURFACE_PARENT = os.path.dirname(os.path.abspath(__file__))
 _lock = threading.RLock()
 
 F = TypeVar("F", bound=Callable[..., Any])
+# "1": one process stands for every host of a multi-host slice (see simulate(single_process=)).
+SINGLE_PROCESS_ENV = "XLASIM_SINGLE_PROCESS"
 
 
 def _is_torch_xla(name: str) -> bool:
@@ -125,6 +127,11 @@ class simulate:  # noqa: N801 - used like a function: `with xlasim.simulate(...)
     Usable as a context manager or a decorator; each entry gets a fresh simulated runtime
     (metrics, compiled graphs, SPMD mode) and nested entries stack.
 
+    On a multi-host slice this process is host ``host_index``, and data entering the devices
+    from the other hosts comes from their processes (``xlasim run`` starts them).  With
+    ``single_process=True`` this process stands for them all instead: every other host enters
+    the same data into its devices as this one does (docs/multi-host.md).
+
     ``compiler="libtpu"`` also compiles every graph the simulator counts as an uncached
     compile with the real TPU compiler for this slice (the ``tpu-compiler`` extra; see
     docs/will-it-fit.md); ``dry_run=True`` runs on shapes only, computing no values.  Left
@@ -136,6 +143,7 @@ class simulate:  # noqa: N801 - used like a function: `with xlasim.simulate(...)
         topology: str = "2x2",
         accelerator: str | None = None,
         host_index: int = 0,
+        single_process: bool = False,
         *,
         compiler: str | None = None,
         dry_run: bool | None = None,
@@ -144,6 +152,7 @@ class simulate:  # noqa: N801 - used like a function: `with xlasim.simulate(...)
         # Validates the host index now, before anything (torch included) is loaded.
         tpu_host_env(self.spec, host_index)
         self.host_index = host_index
+        self.single_process = bool(single_process)
         self.compiler = resolve_compiler(compiler)
         self.dry_run = resolve_dry_run(dry_run)
         self._runtimes: list[Any] = []
@@ -155,7 +164,11 @@ class simulate:  # noqa: N801 - used like a function: `with xlasim.simulate(...)
                 _swap_in(self.spec)
             try:
                 runtime = _session().enter(
-                    self.spec, self.host_index, compiler=self.compiler, dry_run=self.dry_run
+                    self.spec,
+                    self.host_index,
+                    self.single_process,
+                    compiler=self.compiler,
+                    dry_run=self.dry_run,
                 )
             except BaseException:
                 if outermost:
@@ -204,8 +217,12 @@ def config_from_env(environ: Any = os.environ) -> dict[str, Any] | None:
         raise ValueError(
             f"XLASIM_HOST_INDEX={host!r} is not a valid host index: expected an integer"
         ) from None
+    single = environ.get(SINGLE_PROCESS_ENV, "0")
+    if single not in ("0", "1"):
+        raise ValueError(f"{SINGLE_PROCESS_ENV}={single!r} is not valid: expected 0 or 1")
     return {
         "topology": topology,
         "accelerator": environ.get("XLASIM_ACCELERATOR") or None,
         "host_index": host_index,
+        "single_process": single == "1",
     }

@@ -15,6 +15,7 @@ from tpu_backend.topology import (
     parse_slice,
     tpu_host_env,
 )
+from xlasim._activation import SINGLE_PROCESS_ENV
 from xlasim.host_launcher import HOSTS_ADDR_ENV, loopback_address, run_hosts
 from xlasim.runtime.run_options import (
     COMPILER_ENV,
@@ -65,8 +66,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if not command:
         raise SystemExit("xlasim run: no command given; usage: xlasim run --topology T -- CMD ...")
     spec = parse_slice(args.topology, args.accelerator)
+    if args.single_process and args.host_index is not None:
+        raise SystemExit("xlasim run: --single-process and --host-index exclude each other")
     # By default the whole slice: one process per host, as `--worker=all` starts on a TPU pod.
-    indexes = list(range(spec.num_hosts)) if args.host_index is None else [args.host_index]
+    if args.host_index is not None:
+        indexes = [args.host_index]
+    elif args.single_process:
+        indexes = [0]
+    else:
+        indexes = list(range(spec.num_hosts))
     envs = [
         dict(
             os.environ,
@@ -76,6 +84,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         )
         for h in indexes
     ]
+    if args.single_process:
+        envs[0][SINGLE_PROCESS_ENV] = "1"
     if len(indexes) > 1:
         addr = os.environ.get(HOSTS_ADDR_ENV) or loopback_address()
         for env in envs:
@@ -144,6 +154,11 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="run only this host (default: every host of the slice, one process each)",
+    )
+    run.add_argument(
+        "--single-process",
+        action="store_true",
+        help="one process stands for every host (host 0; the others enter the same data)",
     )
     run.add_argument(
         "--all-output",

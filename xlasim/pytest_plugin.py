@@ -256,6 +256,16 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         os.environ[_COMPILER_ENV] = saved
 
 
+def pytest_report_header(config: pytest.Config) -> str | None:
+    spec = parse_slice(config.getoption("xla_topology"), config.getoption("xla_accelerator"))
+    if spec.num_hosts == 1:
+        return None
+    return (
+        f"xlasim: {spec.pod_type} has {spec.num_hosts} hosts; each sim-target test is one "
+        "process standing for all of them (host 0; the others enter the same data)"
+    )
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "xla_target" not in metafunc.fixturenames:
         return
@@ -310,8 +320,12 @@ def _check_simulated_torch_xla(target: XlaTarget) -> None:
 def _simulated(target: XlaTarget) -> Iterator[None]:
     import xlasim  # deferred: the real-target child loads this file without the xlasim package
 
+    # A test is one process: on a multi-host slice it stands for every host.
     with xlasim.simulate(
-        target.spec.topology, target.spec.accelerator, host_index=target.host_index
+        target.spec.topology,
+        target.spec.accelerator,
+        host_index=target.host_index,
+        single_process=target.spec.num_hosts > 1,
     ):
         yield
         _check_simulated_torch_xla(target)

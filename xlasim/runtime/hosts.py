@@ -97,8 +97,9 @@ def _exchange(
 
 def all_gather(rt: SimRuntime, value: torch.Tensor) -> list[torch.Tensor]:
     """Every host's ``value`` (same shape and dtype on every host), in host order."""
-    if rt.dry_run:
-        # Shape-only values: every host's copy is alike and no host needs another's.
+    if rt.single_process or rt.dry_run:
+        # One process for all hosts, or shape-only values (every host's copy is alike and no
+        # host needs another's).
         return [value] * rt.spec.num_hosts
     link = host_link(rt)
     if link is None:
@@ -118,6 +119,17 @@ def all_gather(rt: SimRuntime, value: torch.Tensor) -> list[torch.Tensor]:
     out = [torch.empty_like(local) for _ in range(rt.spec.num_hosts)]
     _exchange(link, [out], [local])
     return out
+
+
+def all_gather_ordinals(rt: SimRuntime, ordinals: list[int]) -> list[list[int]]:
+    """Every host's local device ordinals, in host order; in a single process each absent
+    host's are this host's, moved to that host's devices."""
+    if rt.single_process:
+        per_host = rt.spec.devices_per_host
+        shift = [(h - rt.host_index) * per_host for h in range(rt.spec.num_hosts)]
+        return [[o + s for o in ordinals] for s in shift]
+    gathered = all_gather(rt, torch.tensor(ordinals, dtype=torch.int64))
+    return [[int(o) for o in host] for host in gathered]
 
 
 def owner_host(rt: SimRuntime, device: int) -> int:

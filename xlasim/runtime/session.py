@@ -90,14 +90,19 @@ def _release_graph_tasks_at_exit(spec: SliceSpec, pid: int) -> None:
 
 
 def enter(
-    spec: SliceSpec, host_index: int, *, compiler: str | None = None, dry_run: bool = False
+    spec: SliceSpec,
+    host_index: int,
+    single_process: bool = False,
+    *,
+    compiler: str | None = None,
+    dry_run: bool = False,
 ) -> state.SimRuntime:
     """Makes a fresh runtime for host ``host_index`` the active one.
 
     ``compiler`` (checked by ``run_options``) attaches the real compiler every graph also
     goes to; ``dry_run`` makes values shape-only, CPU-side factories included.
     """
-    runtime = state.SimRuntime(spec, host_index, dry_run=dry_run)
+    runtime = state.SimRuntime(spec, host_index, single_process=single_process, dry_run=dry_run)
     if compiler == LIBTPU:
         # Deferred: the compile layer imports jax, an optional extra that only a simulation
         # asking for the compiler may load.

@@ -35,9 +35,9 @@ def gather_shards(
     if rt.spec.num_hosts == 1:
         return list(shards), list(ordinals)
     stacked = hosts.all_gather(rt, torch.stack([s.detach() for s in shards]))
-    where = hosts.all_gather(rt, torch.tensor(list(ordinals), dtype=torch.int64))
+    where = hosts.all_gather_ordinals(rt, list(ordinals))
     all_shards = [piece for host_shards in stacked for piece in host_shards]
-    all_ordinals = [int(o) for host_ordinals in where for o in host_ordinals]
+    all_ordinals = [o for host_ordinals in where for o in host_ordinals]
     return all_shards, all_ordinals
 
 

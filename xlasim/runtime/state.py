@@ -76,6 +76,9 @@ class SimRuntime:
     memory: MemoryState = field(default_factory=MemoryState)
     hosts: HostLink | None = None
     """Joined on first use, on multi-host slices only."""
+    single_process: bool = False
+    """This process stands for every host of the slice: the absent hosts enter the same data
+    into their devices as this one does, so no other process is needed."""
     dry_run: bool = False
     """Shape-only values (meta tensors): see ``xlasim.runtime.dry_run``."""
     metrics: Metrics = field(default_factory=Metrics)
