@@ -400,3 +400,24 @@ def test_mark_sharding_counters(xla_target):
     xs.mark_sharding(t + 1, mesh, ("x", None))  # a pending op result: annotated in the IR
     assert met.counter_value("XlaAnnotateCustomSharding") == 1
     assert met.counter_value("VirtualDeviceUsage") is None
+
+
+def test_clone_keeps_the_sharding_spec(xla_target):
+    """A clone carries its source's spec at once (before any sync), unlike other ops' results;
+    a clone of an unsharded result has none."""
+    import torch_xla
+    import torch_xla.distributed.spmd as xs
+
+    _spmd(xla_target)
+    spec_of = torch_xla._XLAC._get_xla_sharding_spec
+    mesh = xs.Mesh(np.arange(4), (1, 4))
+    x = torch.arange(32.0).reshape(4, 8).to("xla")
+    xs.mark_sharding(x, mesh, (0, 1))
+    copy = x.clone()
+    assert spec_of(x) == spec_of(copy) == "{devices=[1,4]0,1,2,3}"
+    y = x + 1
+    assert spec_of(y) == spec_of(y.clone()) == ""
+    annotated = x * 2
+    xs.mark_sharding(annotated, mesh, (1, 0))
+    assert spec_of(annotated.clone()) == "{devices=[4,1]0,1,2,3}"
+    assert copy.cpu().tolist() == torch.arange(32.0).reshape(4, 8).tolist()

@@ -60,3 +60,28 @@ def test_mlp_losses_match_eager_cpu(xla_target):
         torch.testing.assert_close(xla_losses, cpu_losses, **LOSS_TOL, msg=name)
         # the model learns something, so the comparison is not between two constants
         assert xla_losses[-5:].mean() < xla_losses[:5].mean(), name
+
+
+def test_nll_loss_takes_a_float_class_target(xla_target):
+    """On the device a floating-point target of class indices is accepted (eager CPU refuses
+    it); a non-integral value picks no class, so its sample weighs nothing, loss and grad."""
+    import torch.nn.functional as F
+    import torch_xla
+
+    dev = torch_xla.device()
+    torch.manual_seed(0)
+    scores = torch.randn(6, 3)
+    target = torch.tensor([0.5, 2.0, 1.0, 1.0, 0.0, 2.0])
+    # The same sample weights in eager CPU terms: class indices, sample 0 ignored.
+    as_indices = torch.tensor([-100, 2, 1, 1, 0, 2])
+    for reduction in ("mean", "sum", "none"):
+        x = scores.to(dev).requires_grad_(True)
+        loss = F.nll_loss(x, target.to(dev), reduction=reduction)
+        loss.sum().backward()
+        expected_x = scores.clone().requires_grad_(True)
+        expected = F.nll_loss(expected_x, as_indices, reduction=reduction)
+        expected.sum().backward()
+        torch.testing.assert_close(loss.cpu(), expected.detach(), **LOSS_TOL)
+        torch.testing.assert_close(x.grad.cpu(), expected_x.grad, **LOSS_TOL)
+    loss = torch.nn.CrossEntropyLoss()(torch.randn(8, 1).to(dev), torch.zeros(8).to(dev))
+    assert loss.item() == 0.0

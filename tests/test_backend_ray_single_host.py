@@ -6,6 +6,8 @@ module; every fit is bounded in time and the cluster is torn down at the end.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 pytest.importorskip("ray.train")
@@ -166,3 +168,77 @@ def test_docs_example_trains_on_the_cluster(v6e_8_cluster, tmp_path, example):
     finally:
         release_placement_groups()  # a failed run must not hold the host's TPUs
     assert result.returncode == 0, f"{example.name} failed:\n{result.stdout}"
+
+
+def _ray_style_loop(config):
+    # A Ray Train loop written the usual way: Ray's own device helpers, no torch_xla calls.
+    import json
+
+    import ray.train.torch
+    import torch
+
+    torch.manual_seed(0)
+    model = ray.train.torch.prepare_model(torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.arange(32.0).reshape(8, 4) / 32
+    data = torch.utils.data.TensorDataset(x, x.sum(dim=1, keepdim=True))
+    loader = ray.train.torch.prepare_data_loader(torch.utils.data.DataLoader(data, batch_size=4))
+    losses = []
+    for _ in range(2):
+        for xb, yb in loader:
+            loss = torch.nn.functional.mse_loss(model(xb), yb)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    record = {
+        "device": str(ray.train.torch.get_device()),
+        "param_device": str(next(model.parameters()).device),
+        "batch_device": str(xb.device),
+        "losses": losses,
+    }
+    with open(config["out"], "w") as f:
+        json.dump(record, f)
+
+
+def _cpu_losses():
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.arange(32.0).reshape(8, 4) / 32
+    y = x.sum(dim=1, keepdim=True)
+    losses = []
+    for _ in range(2):
+        for i in range(0, 8, 4):
+            loss = torch.nn.functional.mse_loss(model(x[i : i + 4]), y[i : i + 4])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    return losses
+
+
+def test_ray_train_device_helpers_give_the_xla_device(v6e_8_cluster, tmp_path):
+    """get_device/prepare_model/prepare_data_loader: on TPU workers Ray 2.60 asks for torch_tpu;
+    on ours they give torch_xla's device, and the loop trains as on CPU."""
+    import sys
+
+    import ray.cloudpickle
+
+    # Workers cannot import this test module: ship the loop by value.
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    out = tmp_path / "record.json"
+    trainer = tpu_backend.TorchTrainer(
+        _ray_style_loop,
+        train_loop_config={"out": str(out)},
+        scaling_config=ScalingConfig(
+            use_tpu=True, topology="2x4", accelerator_type="TPU-V6E", num_workers=1
+        ),
+        run_config=RunConfig(storage_path=str(tmp_path / "ray_results")),
+    )
+    fit_with_deadline(trainer, FIT_TIMEOUT_S)
+    m = json.loads(out.read_text())
+    assert (m["device"], m["param_device"], m["batch_device"]) == ("xla:0", "xla:0", "xla:0")
+    assert m["losses"] == pytest.approx(_cpu_losses(), rel=1e-6)

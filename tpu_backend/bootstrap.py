@@ -31,7 +31,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from tpu_backend import compile_cache, context
+from tpu_backend import compile_cache, context, ray_devices
 from tpu_backend.mesh import (
     MeshPlan,
     build_mesh,
@@ -428,6 +428,7 @@ def bootstrap_worker(b: WorkerBootstrap) -> dict[str, Any]:
         device_type=xr.device_type(),
     )
     context._set_state(state)
+    ray_devices.install()
     return {
         "host_index": state.host_index,
         "process_index": state.process_index,

@@ -12,6 +12,7 @@ import atexit
 import functools
 import importlib.abc
 import importlib.machinery
+import importlib.metadata
 import os
 import sys
 import threading
@@ -35,7 +36,38 @@ def _is_torch_xla(name: str) -> bool:
     return name == "torch_xla" or name.startswith("torch_xla.")
 
 
+SIMULATED_VERSION = "2.9.0"
+"""The torch_xla release the simulated surface mirrors (also ``torch_xla.version.__version__``)."""
+
+
+class _SimulatedDistribution(importlib.metadata.Distribution):
+    """The installed-package record of the simulated torch_xla.
+
+    Client libraries decide what torch_xla can do from its distribution's version (Lightning's
+    ``RequirementCache("torch_xla>=2.1")``, ``importlib.metadata.version("torch_xla")``), before
+    and without importing it.
+    """
+
+    _METADATA = f"Metadata-Version: 2.4\nName: torch-xla\nVersion: {SIMULATED_VERSION}\n"
+
+    def read_text(self, filename: str) -> str | None:
+        return self._METADATA if filename == "METADATA" else None
+
+    def locate_file(self, path: Any) -> Any:
+        return os.path.join(_SURFACE_PARENT, str(path))
+
+
+def _simulated_distributions(context: Any) -> list[importlib.metadata.Distribution]:
+    name = getattr(context, "name", None)
+    if name is None or name.replace("-", "_").lower() == "torch_xla":
+        return [_SimulatedDistribution()]
+    return []
+
+
 class _SimFinder(importlib.abc.MetaPathFinder):
+    def find_distributions(self, context: Any = None) -> list[importlib.metadata.Distribution]:
+        return _simulated_distributions(context)
+
     def find_spec(self, fullname: str, path: Any = None, target: ModuleType | None = None):
         if not _is_torch_xla(fullname):
             return None
@@ -62,6 +94,10 @@ class _LazyFinder(importlib.abc.MetaPathFinder):
 
     def __init__(self, config: dict[str, Any]) -> None:
         self.config = config
+
+    def find_distributions(self, context: Any = None) -> list[importlib.metadata.Distribution]:
+        # Asking for the package's version is no import: it does not start the simulation.
+        return _simulated_distributions(context)
 
     def find_spec(self, fullname: str, path: Any = None, target: ModuleType | None = None):
         if not _is_torch_xla(fullname):

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import torch
 
 from xlasim.runtime.metrics import Metrics
+from xlasim.runtime.sysenv import env_int
 from xlasim.sharding import propagation
 from xlasim.sharding.op_sharding import OpSharding
 from xlasim.sharding.tensor_sharding import TensorSharding
@@ -233,20 +234,6 @@ _LIBRARY_DIRS = (
 DEFAULT_COMPILATION_CACHE_SIZE = 2048
 
 
-def _env_int(name: str, default: int) -> int:
-    """``sys_util::GetEnvInt``: unset -> default, else ``std::atoi`` (no digits -> 0)."""
-    raw = os.environ.get(name)
-    if raw is None:
-        return default
-    digits = raw.strip()
-    sign = -1 if digits.startswith("-") else 1
-    digits = digits.lstrip("+-")
-    end = 0
-    while end < len(digits) and digits[end].isdigit():
-        end += 1
-    return sign * int(digits[:end]) if end else 0
-
-
 def _user_site() -> str:
     """The first frame outside the libraries: where the user's code cut the graph."""
     frame = sys._getframe(2)
@@ -339,7 +326,7 @@ class GraphCache:
     def _store(self, record: GraphRecord) -> None:
         if self._capacity is None:
             # Read once, when the cache is created, as torch_xla does.
-            self._capacity = _env_int("XLA_COMPILATION_CACHE_SIZE", DEFAULT_COMPILATION_CACHE_SIZE)
+            self._capacity = env_int("XLA_COMPILATION_CACHE_SIZE", DEFAULT_COMPILATION_CACHE_SIZE)
         self.compiled[record.key] = record
         self.compiled.move_to_end(record.key)
         while len(self.compiled) > max(self._capacity, 0):
@@ -401,6 +388,7 @@ class GraphCache:
             self._store(record)
             if not cached:
                 metrics.add_sample("CompileTime", time.perf_counter_ns() - start)
+                metrics.inc("CreateCompileHandles")  # the runtime's compiled executable
         self.last_at_site[site] = record
         record.executions += 1
         if spmd:

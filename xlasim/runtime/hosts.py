@@ -20,6 +20,7 @@ import os
 import torch
 import torch.distributed as dist
 
+from tpu_backend.topology import tpu_host_env
 from xlasim.runtime.state import HostLink, SimRuntime
 
 ADDR_ENV = "XLASIM_HOSTS_ADDR"
@@ -38,7 +39,7 @@ def _parse_addr(text: str) -> tuple[str, int]:
 
 def host_link(rt: SimRuntime) -> HostLink | None:
     """The gloo group of this slice's host processes (None on a single-host slice)."""
-    num_hosts = rt.spec.num_hosts
+    num_hosts = rt.client.num_processes
     if num_hosts == 1:
         return None
     if rt.hosts is not None:
@@ -108,7 +109,7 @@ def all_gather(rt: SimRuntime, value: torch.Tensor) -> list[torch.Tensor]:
     shapes_in = torch.tensor(
         [local.dim(), *local.shape, *([0] * (8 - local.dim()))], dtype=torch.int64
     )
-    shapes = [torch.empty_like(shapes_in) for _ in range(rt.spec.num_hosts)]
+    shapes = [torch.empty_like(shapes_in) for _ in range(rt.client.num_processes)]
     _exchange(link, [shapes], [shapes_in])
     if any(not torch.equal(s, shapes_in) for s in shapes):
         raise RuntimeError(
@@ -116,7 +117,7 @@ def all_gather(rt: SimRuntime, value: torch.Tensor) -> list[torch.Tensor]:
             + ", ".join(f"host {h}: {s[1 : 1 + int(s[0])].tolist()}" for h, s in enumerate(shapes))
             + " (on a real slice every host must transfer the same shapes)"
         )
-    out = [torch.empty_like(local) for _ in range(rt.spec.num_hosts)]
+    out = [torch.empty_like(local) for _ in range(rt.client.num_processes)]
     _exchange(link, [out], [local])
     return out
 
@@ -133,4 +134,25 @@ def all_gather_ordinals(rt: SimRuntime, ordinals: list[int]) -> list[list[int]]:
 
 
 def owner_host(rt: SimRuntime, device: int) -> int:
-    return device // rt.spec.devices_per_host
+    return device // rt.client.num_local
+
+
+def tpu_vm_metadata(rt: SimRuntime) -> dict[str, str]:
+    """The ``tpu-env`` attribute the TPU VM metadata server serves to this simulated host.
+
+    torch_xla asks the metadata server when ``TPU_SKIP_MDS_QUERY`` is unset; a simulated host
+    answers with what its slice's TPU environment says (as strings, as the YAML has them).
+    """
+    env = tpu_host_env(rt.spec, rt.host_index)
+    return {
+        "ACCELERATOR_TYPE": env["TPU_ACCELERATOR_TYPE"],
+        "TPU_PROCESS_BOUNDS": env["TPU_HOST_BOUNDS"],
+        "TPU_CHIPS_PER_PROCESS_BOUNDS": env["TPU_CHIPS_PER_HOST_BOUNDS"],
+        "WORKER_ID": env["TPU_WORKER_ID"],
+    }
+
+
+def tpu_vm_worker_addresses(rt: SimRuntime) -> list[str]:
+    """The slice's worker addresses in worker-id order (``worker-network-endpoints``): the
+    simulated hosts all run on this machine."""
+    return tpu_host_env(rt.spec, rt.host_index)["TPU_WORKER_HOSTNAMES"].split(",")

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from tpu_backend.topology import SliceSpec
 from xlasim.runtime import state
 from xlasim.runtime.state import SimRuntime
 from xlasim.sharding.device_layout import device_attributes
@@ -76,6 +77,15 @@ def tensor_device_bytes(
     return dict.fromkeys(sharding.devices(), shard * itemsize)
 
 
+def sent_bytes(rt: SimRuntime, t: Any) -> int:
+    """Bytes a host-to-device transfer of ``t`` (as sharded now) sends from this process:
+    one copy per local device it lives on, so a replicated SPMD tensor counts once per device."""
+    if not rt.spmd:
+        return int(t.numel()) * _itemsize(t)
+    held = tensor_device_bytes(t, t._sharding, len(rt.global_device_ids()), True)
+    return sum(held.get(d, 0) for d in rt.addressable_device_ids())
+
+
 def _live_tensors(rt: SimRuntime) -> list[Any]:
     """Every live simulated device tensor this runtime knows of."""
     return list(rt.memory.tracked.values())
@@ -83,11 +93,11 @@ def _live_tensors(rt: SimRuntime) -> list[Any]:
 
 def device_bytes(rt: SimRuntime, tensors: Iterable[Any] | None = None) -> list[int]:
     """Bytes per device ordinal for ``tensors`` (default: all live device tensors)."""
-    spec = rt.spec
-    totals = [0] * spec.num_devices
+    num_devices = rt.client.num_devices
+    totals = [0] * num_devices
     for t in _live_tensors(rt) if tensors is None else tensors:
         for device, nbytes in tensor_device_bytes(
-            t, getattr(t, "_sharding", None), spec.num_devices, rt.spmd
+            t, getattr(t, "_sharding", None), num_devices, rt.spmd
         ).items():
             totals[device] += nbytes
     return totals
@@ -95,21 +105,33 @@ def device_bytes(rt: SimRuntime, tensors: Iterable[Any] | None = None) -> list[i
 
 def chip_bytes(rt: SimRuntime, tensors: Iterable[Any] | None = None) -> list[int]:
     """Bytes per chip (chip ``c`` holds devices ``c*devices_per_chip ...``)."""
+    spec = _slice(rt)
     per_device = device_bytes(rt, tensors)
-    k = rt.spec.devices_per_chip
-    return [sum(per_device[c * k : (c + 1) * k]) for c in range(rt.spec.num_chips)]
+    k = spec.devices_per_chip
+    return [sum(per_device[c * k : (c + 1) * k]) for c in range(spec.num_chips)]
+
+
+def _slice(rt: SimRuntime) -> SliceSpec:
+    """The TPU slice whose chips hold the devices (the PJRT CPU client has no HBM)."""
+    spec = rt.client.spec
+    if spec is None:
+        raise RuntimeError(
+            f"xlasim: this process runs the PJRT {rt.client.device_type} client "
+            "(PJRT_DEVICE), whose devices are host memory: there is no per-chip HBM to report"
+        )
+    return spec
 
 
 def _hbm_name(rt: SimRuntime, device: int) -> str:
-    attrs = device_attributes(rt.spec)[device]
+    attrs = device_attributes(_slice(rt))[device]
     x, y, z = attrs["coords"]
     return f"{x}x{y}x{z}_HBM{attrs['core_on_chip']}"
 
 
 def check_fits(rt: SimRuntime, t: Any, new: TensorSharding | None) -> None:
     """Before ``t`` takes sharding ``new``: fail as PJRT would if a chip overflows; else track."""
-    if _enforcing(rt):
-        spec = rt.spec
+    if rt.client.is_tpu and _enforcing(rt):
+        spec = _slice(rt)
         others = [o for o in _live_tensors(rt) if o is not t]
         per_chip = chip_bytes(rt, others)
         need = tensor_device_bytes(t, new, spec.num_devices, rt.spmd)
@@ -130,7 +152,7 @@ def check_fits(rt: SimRuntime, t: Any, new: TensorSharding | None) -> None:
 
 def report(rt: SimRuntime) -> list[dict[str, Any]]:
     """One row per chip: index, coords, bytes used, HBM capacity, fraction used."""
-    spec = rt.spec
+    spec = _slice(rt)
     attrs = device_attributes(spec)
     used = chip_bytes(rt)
     rows = []
@@ -151,13 +173,16 @@ def device_memory_info(device: torch.device) -> dict[str, int]:
     """Device memory as ``xm.get_memory_info`` reports it for a simulated chip's device: bytes
     of live device tensors in use there, the generation's HBM per chip as the limit."""
     rt = state.current()
+    if not rt.client.is_tpu:
+        # PJRT's CPU client keeps no allocator statistics.
+        raise RuntimeError("Bad StatusOr access: UNIMPLEMENTED: GetAllocatorStats is not supported")
     index = device.index or 0
     used = device_bytes(rt)[index]
     peaks = rt.memory.peak_bytes
     peaks[index] = max(peaks.get(index, 0), used)
     return {
         "bytes_used": used,
-        "bytes_limit": rt.spec.hbm_bytes_per_chip,
+        "bytes_limit": _slice(rt).hbm_bytes_per_chip,
         "peak_bytes_used": peaks[index],
     }
 

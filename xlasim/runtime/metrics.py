@@ -2,7 +2,8 @@
 
 Only the names the simulator can account for honestly are ever created; a name that real
 torch_xla would report but the simulator cannot reproduce (per-op ``xla::*`` lowering counters,
-``CreateXlaTensor``...) is never invented.
+``CreateXlaTensor``...) is never invented.  Not yet accounted: under SPMD, the upload torch_xla
+defers from ``.to('xla')`` to a tensor's first use records no transfer metrics on the simulator.
 """
 
 from __future__ import annotations
@@ -15,7 +16,13 @@ _MAX_SAMPLES = 1024
 
 # Metrics whose values are durations (nanoseconds), formatted like torch_xla's reports.
 TIME_METRICS = frozenset(
-    {"CompileTime", "ExecuteTime", "TransferToDeviceTime", "TransferFromDeviceTime"}
+    {
+        "CompileTime",
+        "ExecuteTime",
+        "TransferToDeviceTime",
+        "TransferFromDeviceTime",
+        "TensorToData",
+    }
 )
 
 
@@ -42,6 +49,19 @@ class Metrics:
 
     def inc(self, name: str, by: int = 1) -> None:
         self._counters[name] = self._counters.get(name, 0) + by
+
+    def to_device(self, nbytes: int, start_ns: int) -> None:
+        """One host-to-device transfer call (of one or several tensors) that began at
+        ``start_ns``: torch_xla times it and counts the bytes its buffers take on the devices."""
+        elapsed = time.perf_counter_ns() - start_ns
+        self.add_sample("TensorToData", elapsed)
+        self.add_sample("OutboundData", nbytes)
+        self.add_sample("TransferToDeviceTime", elapsed)
+
+    def from_device(self, nbytes: int, start_ns: int) -> None:
+        """One device-to-host transfer of a tensor of ``nbytes`` (its global size)."""
+        self.add_sample("InboundData", nbytes)
+        self.add_sample("TransferFromDeviceTime", time.perf_counter_ns() - start_ns)
 
     def add_sample(self, name: str, value: float) -> None:
         metric = self._metrics.get(name)
@@ -95,7 +115,11 @@ class Metrics:
                 for p in (1, 5, 10, 20, 50, 80, 90, 95, 99)
             )
             lines.append(f"  Percentiles: {pct}")
-        for name in counter_names if counter_names is not None else self.counter_names():
+        counters = self.counter_names() if counter_names is None else list(counter_names)
+        if counter_names is not None:
+            # A short report always lists the CPU fallbacks too (torch_xla's ``aten::`` ones).
+            counters += [n for n in self.fallback_ops() if n not in counters]
+        for name in counters:
             value = self.counter_value(name)
             if value is None:
                 continue

@@ -18,6 +18,7 @@ import torch
 
 from tpu_backend.topology import SliceSpec
 from xlasim.runtime import autocast, graph, state
+from xlasim.runtime.client import tpu_client
 from xlasim.runtime.device import check_autograd_engine, ensure_device_guard, release_graph_tasks
 from xlasim.runtime.dry_run import ShapeOnlyFactories
 from xlasim.runtime.run_options import LIBTPU
@@ -50,6 +51,7 @@ def detach_device() -> None:
 def _scratch_runtime(spec: SliceSpec) -> Iterator[None]:
     """A throwaway runtime for the simulator's own backward passes, so that no state leaks."""
     scratch = state.SimRuntime(spec)
+    scratch.start(tpu_client(spec, 0))
     state.push(scratch)
     try:
         yield

@@ -32,7 +32,7 @@ def gather_shards(
 ) -> tuple[list[torch.Tensor], list[int]]:
     """Every host's local shards and their device ordinals (each host holds the global value,
     so it needs the shards the other hosts loaded into their devices)."""
-    if rt.spec.num_hosts == 1:
+    if rt.client.num_processes == 1:
         return list(shards), list(ordinals)
     stacked = hosts.all_gather(rt, torch.stack([s.detach() for s in shards]))
     where = hosts.all_gather_ordinals(rt, list(ordinals))
@@ -62,7 +62,7 @@ def assemble_from_hosts(
 ) -> torch.Tensor:
     """The global value the devices hold after every host transferred its own copy of
     ``value`` with ``sharding``: each device's shard comes from its owner host's copy."""
-    if rt.spec.num_hosts == 1 or sharding.is_replicated or sharding.is_manual or rt.dry_run:
+    if rt.client.num_processes == 1 or sharding.is_replicated or sharding.is_manual or rt.dry_run:
         # Replicas are host-local copies: a host reads back its own (in a dry run, whose
         # values are shape-only, every copy is alike).
         return value
@@ -70,7 +70,7 @@ def assemble_from_hosts(
     if all(torch.equal(c, value) for c in copies):
         return value
     out = value.clone()
-    devices = list(range(rt.spec.num_devices))
+    devices = rt.global_device_ids()
     for device, (_replica, indices) in zip(
         devices, sharding.replica_and_indices(devices), strict=True
     ):
@@ -85,11 +85,11 @@ def _assemble_minibatch(
     """``ShardingUtil::GetShardIndicesForMinibatchTensor``: each host cuts its batch into
     consecutive chunks, one per local device in device order; the tile assignment then says
     where each device's chunk sits in the global batch."""
-    per_host = rt.spec.devices_per_host
+    per_host = rt.client.num_local
     copies = hosts.all_gather(rt, local)
     chunk = local.shape[0] // per_host
     value = torch.zeros(sharding.shape, dtype=local.dtype)
-    devices = list(range(rt.spec.num_devices))
+    devices = rt.global_device_ids()
     for device, (_replica, indices) in zip(
         devices, sharding.replica_and_indices(devices), strict=True
     ):

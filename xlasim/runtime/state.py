@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from tpu_backend.topology import SliceSpec, tpu_host_env
+from xlasim.runtime.client import Client, client_from_env
 from xlasim.runtime.graph import GraphCache
 from xlasim.runtime.metrics import Metrics
 
@@ -68,6 +69,8 @@ class SimRuntime:
     """(run_async, closure, args), queued by xm.add_step_closure and run after a sync."""
     replication_devices: int = 0
     """0 means "not replicated", which is what world_size() reads."""
+    world_size: int | None = None
+    """``xr.world_size()`` once asked: torch_xla keeps its first answer for the process."""
     devices_used: bool = False
     """Set once a tensor lives on a device: torch_xla then calls the SPMD config locked."""
     rng_seed: int = 0
@@ -84,6 +87,7 @@ class SimRuntime:
     metrics: Metrics = field(default_factory=Metrics)
     graphs: GraphCache = field(init=False)
     generator: torch.Generator = field(init=False)
+    _client: Client | None = field(default=None, init=False, repr=False)
     _saved_env: dict[str, str | None] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -110,20 +114,37 @@ class SimRuntime:
         return env_flag("XLA_USE_SPMD")
 
     @property
+    def client(self) -> Client:
+        """The PJRT client, created from the environment on first use as torch_xla does."""
+        if self._client is None:
+            self.start()
+        assert self._client is not None
+        return self._client
+
+    @property
+    def client_initialized(self) -> bool:
+        return self._client is not None
+
+    def start(self, client: Client | None = None) -> None:
+        """What starts torch_xla's runtime (a device named or used) creates the client:
+        ``client``, or the one the environment names."""
+        if self._client is None:
+            self._client = client or client_from_env(self.spec, self.host_index)
+
+    @property
     def device_type(self) -> str:
-        return "TPU"
+        return self.client.device_type
 
     def global_device_ids(self) -> list[int]:
-        return list(range(self.spec.num_devices))
+        return self.client.global_ids()
 
     def addressable_device_ids(self) -> list[int]:
-        per_host = self.spec.devices_per_host
-        start = self.host_index * per_host
-        return list(range(start, start + per_host))
+        return self.client.local_ids()
 
     def real_devices(self) -> list[str]:
-        """The host's runtime devices, named by global id as PJRT names them."""
-        return [f"{self.device_type}:{i}" for i in self.addressable_device_ids()]
+        """The process's runtime devices, named by global id as PJRT names them."""
+        client = self.client
+        return [f"{client.device_type}:{i}" for i in client.local_ids()]
 
     def xla_devices(self) -> list[str]:
         """What ``_XLAC._xla_get_devices`` lists: one virtual device under SPMD."""

@@ -65,20 +65,36 @@ class XlaSimTensor(torch.Tensor):
         materialize([self])
         if self._elem.is_meta:
             raise dry_run.needs_values("printing a device tensor")
-        text = torch._tensor_str._str(self._elem.detach())
-        suffix = f"device='{self.device}'"
+        # The CPU tensor's text with the device as the first suffix, where torch puts it; the
+        # data ends at the last bracket (or, for a 0-dim tensor, at the first suffix).
+        body = torch._tensor_str._str(self._elem.detach())[:-1]
+        if self.dim() == 0:
+            end = body.find(", ")
+            end = len(body) if end < 0 else end
+        else:
+            end = body.rfind("]") + 1
         grad = self.grad_fn
         extra = (
             f", grad_fn=<{type(grad).__name__}>"
             if grad is not None
             else (", requires_grad=True" if self.requires_grad else "")
         )
-        # CPU formatting ends with ")"; torch puts the device first among the suffixes.
-        body = text[:-1]
-        if ", dtype=" in body and not body.endswith("]"):
-            head, _, dtype = body.rpartition(", dtype=")
-            return f"{head}, {suffix}, dtype={dtype}{extra})"
-        return f"{body}, {suffix}{extra})"
+        text = f"{body[:end]}, device='{self.device}'{body[end:]}{extra})"
+        # nn.Parameter of a wrapper subclass keeps the subclass; torch's Parameter repr.
+        return "Parameter containing:\n" + text if self._is_parameter() else text
+
+    def _is_parameter(self) -> bool:
+        return bool(getattr(self, "_is_param", False))
+
+    def __format__(self, format_spec: str) -> str:
+        # torch formats a 0-dim plain tensor as its value; a Parameter (another class in real
+        # torch_xla) and a tensor with dimensions as their text, refusing a format spec.
+        if self.dim() == 0 and not self._is_parameter():
+            return self.item().__format__(format_spec)
+        if format_spec:
+            name = "Parameter" if self._is_parameter() else "Tensor"
+            raise TypeError(f"unsupported format string passed to {name}.__format__")
+        return str(self)
 
     def tolist(self) -> Any:
         return self.cpu().tolist()
@@ -388,6 +404,8 @@ def wrap_data(elem: torch.Tensor, device: torch.device | None) -> XlaSimTensor:
         else (runtime.default_device_index)
     )
     runtime.devices_used = True
+    if not runtime.client_initialized:
+        runtime.start()  # the first device buffer starts the runtime
     return XlaSimTensor(elem, xla_device(index))
 
 
@@ -443,7 +461,8 @@ def _to_copy(func, args, kwargs):
         out = aten._to_copy.default(src._elem, **cpu_kwargs)
         if target.type != "cpu":
             out = out.to(target)
-        runtime.metrics.add_sample("TransferFromDeviceTime", time.perf_counter_ns() - start)
+        _count_gather(runtime, src)
+        runtime.metrics.from_device(_nbytes(src._elem), start)
         return out
     if target is not None and target.index is not None and target.index != src.device.index:
         # Device to device copy: a new device-data tensor on the other device.
@@ -460,7 +479,9 @@ def _copy_(func, args, kwargs):
         start = time.perf_counter_ns()
         dst._elem.copy_(src, **kwargs)
         dst._node = None
-        runtime.metrics.add_sample("TransferToDeviceTime", time.perf_counter_ns() - start)
+        if not runtime.spmd:
+            # Under SPMD torch_xla keeps the data on the host until it is sharded or used.
+            runtime.metrics.to_device(_nbytes(dst._elem), start)
         memory.check_fits(runtime, dst, None)
         return dst
     if not isinstance(dst, XlaSimTensor):
@@ -484,12 +505,56 @@ def _local_scalar_dense(func, args, kwargs):
     runtime.metrics.inc("aten::_local_scalar_dense")
     start = time.perf_counter_ns()
     value = func(src._elem)
-    runtime.metrics.add_sample("TransferFromDeviceTime", time.perf_counter_ns() - start)
+    _count_gather(runtime, src)
+    runtime.metrics.from_device(_nbytes(src._elem), start)
     return value
 
 
+def _count_gather(runtime: Any, src: XlaSimTensor) -> None:
+    """Under SPMD, reading device data back gathers it from the devices' buffers (replicated
+    ones too); data that never left the host (no sharding yet) is read as it is."""
+    if runtime.spmd and src._sharding is not None:
+        runtime.metrics.inc("ReplicateShardedData")
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _clone(func, args, kwargs):
+    out = _run_op(func, args, kwargs)
+    # torch_xla's clone gives the copy its source's sharding spec (data or annotation alike).
+    out._sharding = args[0]._sharding
+    return out
+
+
+def _class_index_target(func, args, kwargs, at: int):
+    """``nll_loss`` with a floating-point target, as XLA's lowering takes it: each sample picks
+    the class whose index equals its target value, so a non-integral value picks none (that
+    sample weighs nothing, as an ignored one does); eager CPU refuses such targets."""
+    target = args[at]
+    if not (isinstance(target, XlaSimTensor) and target.dtype.is_floating_point):
+        return _run_op(func, args, kwargs)
+    ignore_index = args[at + 3]
+    picked = torch.where(target == target.trunc(), target, ignore_index).long()
+    return _run_op(func, (*args[:at], picked, *args[at + 1 :]), kwargs)
+
+
+def _nll_forward(func, args, kwargs):
+    return _class_index_target(func, args, kwargs, 1)
+
+
+def _nll_backward(func, args, kwargs):
+    return _class_index_target(func, args, kwargs, 2)
+
+
 _SPECIAL = {
+    aten.nll_loss_forward.default: _nll_forward,
+    aten.nll_loss_backward.default: _nll_backward,
+    aten.nll_loss2d_forward.default: _nll_forward,
+    aten.nll_loss2d_backward.default: _nll_backward,
     aten._to_copy.default: _to_copy,
+    aten.clone.default: _clone,
     aten.copy_.default: _copy_,
     aten._local_scalar_dense.default: _local_scalar_dense,
 }

@@ -19,7 +19,7 @@ import torch
 
 from xlasim.runtime import optimizer_steps, state
 from xlasim.runtime.graph import CompileError
-from xlasim.runtime.memory import check_fits
+from xlasim.runtime.memory import check_fits, sent_bytes
 from xlasim.runtime.shards import (
     assemble_from_hosts,
     gather_shards,
@@ -29,7 +29,6 @@ from xlasim.runtime.shards import (
 )
 from xlasim.runtime.tensor import XlaSimTensor, materialize, wrap_data
 from xlasim.sharding import op_sharding
-from xlasim.sharding.device_layout import device_attributes
 from xlasim.sharding.op_sharding import (
     ProtoType,
     check_failed,
@@ -45,11 +44,15 @@ def _rt() -> state.SimRuntime:
 
 
 def _xla_get_default_device() -> str:
-    return f"xla:{_rt().default_device_index}"
+    rt = _rt()
+    rt.start()  # naming a device starts the runtime, as in torch_xla
+    return f"xla:{rt.default_device_index}"
 
 
 def _xla_set_default_device(device: Any) -> None:
-    _rt().default_device_index = torch.device(device).index or 0
+    rt = _rt()
+    rt.start()
+    rt.default_device_index = torch.device(device).index or 0
 
 
 def _xla_get_devices() -> list[str]:
@@ -87,20 +90,28 @@ def _xla_get_replication_devices_count() -> int:
     return _rt().replication_devices
 
 
+def _xla_set_replication_devices(devices: list[str]) -> None:
+    _rt().replication_devices = len(devices)
+
+
+def _set_all_reduce_token(device: str, token: Any) -> None:
+    """The simulator orders collectives by program order; it keeps no token to reset."""
+
+
 def _xla_get_default_device_ordinal() -> int:
     return _rt().default_ordinal()
 
 
 def _xla_get_process_index() -> int:
-    return _rt().host_index
+    return _rt().client.process_index
 
 
 def _xla_get_num_processes() -> int:
-    return _rt().spec.num_hosts
+    return _rt().client.num_processes
 
 
 def _xla_device_kind(device: str) -> str:
-    return _rt().spec.device_kind
+    return _rt().client.device_kind
 
 
 def _xla_get_device_attributes(device: str) -> dict[str, object]:
@@ -109,7 +120,11 @@ def _xla_get_device_attributes(device: str) -> dict[str, object]:
 
 
 def _xla_get_all_device_attributes() -> list[dict[str, object]]:
-    return device_attributes(_rt().spec)
+    return _rt().client.attributes()
+
+
+def _xla_runtime_is_initialized() -> bool:
+    return _rt().client_initialized
 
 
 def _xla_computation_cache_is_initialized() -> bool:
@@ -147,14 +162,15 @@ def _xla_tensors_from_aten(
     """Host-to-device transfers, placing each tensor with its input sharding if given."""
     rt = _rt()
     out: list[torch.Tensor] = []
+    start = time.perf_counter_ns()
     for i, (t, device) in enumerate(zip(tensors, devices, strict=True)):
-        start = time.perf_counter_ns()
         x = wrap_data(t.detach().clone(), torch.device(device))
-        rt.metrics.add_sample("TransferToDeviceTime", time.perf_counter_ns() - start)
         sharding = shardings[i] if shardings else None
         # Placement (replicated under SPMD, minibatch assembly across hosts, HBM check).
         x = place_input(x, sharding)
         out.append(x)
+    if out:  # the whole list is one transfer
+        rt.metrics.to_device(sum(sent_bytes(rt, x) for x in out), start)
     return out
 
 
@@ -174,6 +190,17 @@ def _xla_counter_names() -> list[str]:
 
 def _xla_counter_value(name: str) -> int | None:
     return _rt().metrics.counter_value(name)
+
+
+def _xla_increment_counter(name: str, value: int) -> None:
+    """Adds ``value`` to a counter, creating it if new (a count: never negative)."""
+    if not isinstance(name, str) or not isinstance(value, int) or value < 0:
+        raise TypeError(
+            "_xla_increment_counter(): incompatible function arguments. The following argument "
+            "types are supported:\n    1. (arg0: str, arg1: typing.SupportsInt) -> None\n\n"
+            f"Invoked with: {name!r}, {value!r}"
+        )
+    _rt().metrics.inc(name, value)
 
 
 def _xla_metric_names() -> list[str]:
@@ -283,14 +310,14 @@ def _xla_mark_sharding(t: Any, sharding: OpSharding) -> None:
             )
     check_fits(rt, x, new)
     start = time.perf_counter_ns()
-    if rt.spec.num_hosts > 1:
+    if rt.client.num_processes > 1:
         # The transfer takes each device's shard from the host that owns the device.
         x._elem = assemble_from_hosts(rt, global_value(x), new)
     state.count("VirtualDeviceUsage")
     _set_sharding(x, new)
     # The data moves to the devices as one buffer per addressable device.
     rt.metrics.inc("CreateDataHandles", len(rt.addressable_device_ids()))
-    rt.metrics.add_sample("TransferToDeviceTime", time.perf_counter_ns() - start)
+    rt.metrics.to_device(sent_bytes(rt, x), start)
 
 
 def _set_sharding(x: Any, sharding: TensorSharding) -> None:

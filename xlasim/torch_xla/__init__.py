@@ -21,6 +21,10 @@ from .torch_xla import (  # noqa: F401
 )
 from .version import __version__
 
+# The simulated TPU host has libtpu; it is what picks PJRT_DEVICE=TPU when none is set.
+_found_libtpu = True
+runtime._maybe_select_default_device()
+
 __all__ = [
     "__version__",
     "compile",

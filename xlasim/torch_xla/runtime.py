@@ -9,6 +9,9 @@ import os
 import warnings
 
 import torch_xla
+import torch_xla._internal.tpu as tpu
+import torch_xla.core.xla_env_vars as xenv
+from torch_xla.utils import utils as xu
 
 from xlasim.runtime import state
 
@@ -18,18 +21,26 @@ def _rt() -> state.SimRuntime:
 
 
 def set_device_type(pjrt_device: str) -> None:
-    if _rt().graphs.initialized and pjrt_device != "TPU":
-        raise RuntimeError(
-            "Can't change device type after XLA runtime is initialized; xlasim simulates TPU"
-        )
-    if pjrt_device.upper() != "TPU":
-        raise NotImplementedError(
-            f"xlasim simulates a TPU slice; PJRT device {pjrt_device!r} is not simulated"
-        )
+    """Chooses the PJRT client (``'TPU'``, ``'CPU'``) before the runtime starts."""
+    if (
+        torch_xla._XLAC._xla_runtime_is_initialized()
+        and os.environ.get(xenv.PJRT_DEVICE) != pjrt_device
+    ):
+        raise RuntimeError("Can't change device type after XLA runtime is initialized")
+    os.environ[xenv.PJRT_DEVICE] = pjrt_device
+
+
+def _maybe_select_default_device() -> None:
+    """At import: with no ``PJRT_DEVICE`` set, pick the TPU the simulated host has."""
+    selecting = xu.getenv_as(xenv.PJRT_SELECT_DEFAULT_DEVICE, str, "1") != "0"
+    if selecting and xenv.PJRT_DEVICE not in os.environ:
+        os.environ[xenv.PJRT_DEVICE] = "TPU" if tpu.num_available_chips() > 0 else "CPU"
 
 
 def device_type() -> str | None:
-    return _rt().device_type
+    """The PJRT device type named by ``PJRT_DEVICE`` (read anew on every call)."""
+    pjrt_device = xu.getenv_as(xenv.PJRT_DEVICE, str)
+    return pjrt_device.split("_")[0] if pjrt_device else pjrt_device
 
 
 def is_bf16_supported() -> bool:
@@ -49,12 +60,16 @@ def local_process_count() -> int:
 def global_device_count() -> int:
     """Devices torch_xla hands out: every device of the slice, or the one virtual SPMD device."""
     rt = _rt()
-    return 1 if rt.spmd else rt.spec.num_devices
+    return 1 if rt.spmd else len(rt.global_device_ids())
 
 
 def world_size() -> int:
-    # Replication is what xmp.spawn sets up; without it a process is a world of one.
-    return global_device_count() if _rt().replication_devices else 1
+    # Replication is what xm.set_replication (xmp.spawn, accelerate) sets up; without it a
+    # process is a world of one. torch_xla keeps its first answer for the process.
+    rt = _rt()
+    if rt.world_size is None:
+        rt.world_size = global_device_count() if rt.replication_devices else 1
+    return rt.world_size
 
 
 def local_device_count() -> int:
@@ -76,16 +91,15 @@ def local_ordinal() -> int:
 
 
 def process_index() -> int:
-    return _rt().host_index
+    return _rt().client.process_index
 
 
 def process_count() -> int:
-    return _rt().spec.num_hosts
+    return _rt().client.num_processes
 
 
 def host_index() -> int:
-    # On TPU, torch_xla reads the worker id of this host.
-    return _rt().host_index
+    return tpu.worker_id() if device_type() == "TPU" else 0
 
 
 def runtime_device_attributes(device: str) -> dict[str, object]:
@@ -97,8 +111,8 @@ def global_runtime_device_attributes() -> list[dict[str, object]]:
 
 
 def global_runtime_device_count() -> int:
-    """Every chip of the slice, SPMD or not."""
-    return _rt().spec.num_devices
+    """Every device of the PJRT client (each chip of the slice), SPMD or not."""
+    return len(_rt().global_device_ids())
 
 
 def addressable_runtime_device_count() -> int:
@@ -136,12 +150,9 @@ def is_spmd() -> bool:
 
 
 def get_master_ip() -> str:
-    # On a TPU, torch_xla asks the TPU metadata for worker 0's address; a simulated slice's
-    # hosts all live on this machine.
-    hostnames = os.environ.get("TPU_WORKER_HOSTNAMES")
-    if hostnames:
-        return hostnames.split(",")[0]
-    return "127.0.0.1"
+    if device_type() == "TPU":
+        return tpu.discover_master_worker_ip()
+    raise RuntimeError(f"IP discovery not supported for device: {device_type()}")
 
 
 def initialize_cache(path: str, readonly: bool = False) -> None:

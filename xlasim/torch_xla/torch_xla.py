@@ -19,6 +19,7 @@ def device(index: int | None = None) -> torch.device:
     """Returns an XLA device (under SPMD always the virtual ``xla:0``); an index makes that
     device the default."""
     rt = _runtime.current()
+    rt.start()  # as in torch_xla, asking for a device starts the runtime (its PJRT client)
     if rt.spmd:
         rt.default_device_index = 0
     elif index is not None:

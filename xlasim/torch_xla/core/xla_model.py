@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import io
 import sys
+import time
 from collections.abc import Callable
 from typing import Any, TextIO, TypedDict
 
 import torch
 import torch_xla
 import torch_xla.runtime as runtime
+import torch_xla.utils.utils as xu
 from torch import optim
 from typing_extensions import deprecated
 
@@ -28,6 +30,7 @@ REDUCE_MAX = "max"
 class DeviceContext:
     def __init__(self, device: str | torch.device) -> None:
         self.device = device
+        self.device_index = 0
 
 
 def _get_device_context(device: str | torch.device | None = None) -> DeviceContext:
@@ -92,8 +95,51 @@ def xla_device_hw(device: str | torch.device) -> str:
 
 
 def xla_device_kind(device: str | torch.device | None = None) -> str:
-    # Every chip of a simulated slice is the same kind.
-    return _runtime.current().spec.device_kind
+    # Every device of a PJRT client is the same kind.
+    return _runtime.current().client.device_kind
+
+
+def _parse_real_device(name: str) -> tuple[str, int]:
+    kind, _, ordinal = name.partition(":")
+    if not (kind.isidentifier() and ordinal.isdigit()):
+        raise RuntimeError(f"Invalid device format: {name}")
+    return kind, int(ordinal)
+
+
+def xla_replication_devices(local_devices: list[Any] | None = None) -> list[str]:
+    """Every runtime device of the local devices' kind, by ordinal (what replication spans)."""
+    kinds = {_parse_real_device(d)[0] for d in xla_real_devices(local_devices)}
+    if len(kinds) != 1:
+        raise RuntimeError(
+            "Cannot replicate across different device types: devices="
+            f"{local_devices}/{xla_real_devices(local_devices)}"
+        )
+    (kind,) = kinds
+    supported = get_xla_supported_devices()
+    if len(supported) != len(local_devices):  # type: ignore[arg-type]
+        raise RuntimeError(
+            f"Cannot replicate if number of devices ({len(local_devices)}) is different "  # type: ignore[arg-type]
+            f"from {len(supported)}"
+        )
+    same_kind = [
+        d for d in torch_xla._XLAC._xla_get_all_devices() if _parse_real_device(d)[0] == kind
+    ]
+    return sorted(same_kind, key=lambda d: _parse_real_device(d)[1])
+
+
+def set_replication(device: torch.device | str, devices: list[Any]) -> None:
+    """Makes this process one replica of ``devices`` (``[]``: not replicated).
+
+    Replication sets ``xr.world_size()`` to the number of devices of that kind, if nothing
+    asked for the world size before.
+    """
+    device = str(device)
+    context = _get_device_context(device=device)
+    names = [str(d) for d in devices]
+    torch_xla._XLAC._xla_set_replication_devices(xla_replication_devices(names) if names else [])
+    context.device_index = names.index(device) if names else 0
+    torch_xla._XLAC._set_all_reduce_token(context.device, None)
+    torch_xla._XLAC._xla_set_default_device(device)
 
 
 def unlazy(tensors: list[torch.Tensor]) -> None:
@@ -107,7 +153,18 @@ def _fetch_gradients(optimizer: optim.Optimizer) -> list[torch.Tensor]:
     return [p.grad.data for p in params if isinstance(p, torch.Tensor) and p.grad is not None]
 
 
-def _multi_replica(name: str) -> NotImplementedError:
+def _multi_replica(name: str) -> Exception:
+    world, processes = runtime.world_size(), runtime.process_count()
+    if world > processes:
+        # One process replicated over several devices (xm.set_replication): on a TPU slice each
+        # device needs its own process, and torch_xla waits for the missing replicas until its
+        # rendezvous times out and aborts.
+        return RuntimeError(
+            f"xm.{name}: xr.world_size() is {world} (xm.set_replication over {world} devices) "
+            f"but only {processes} process(es) take part, so the other replicas never join; "
+            "real torch_xla aborts after its rendezvous timeout here. Run one process per "
+            "device (torch_xla.launch / xmp.spawn, `accelerate launch`), or use SPMD"
+        )
     return NotImplementedError(
         f"xlasim does not simulate xm.{name} across several replicas (xmp.spawn with more "
         "than one process); use SPMD, where cross-host data moves through sharding"
@@ -185,6 +242,45 @@ def collective_broadcast(
 ) -> None:
     if runtime.world_size() != 1:
         raise _multi_replica("collective_broadcast")
+
+
+class RateTracker:
+    """Items per second: ``rate()`` since the previous call (exponentially smoothed with
+    ``RATE_TRACKER_SMOOTHING``, default 0.4), ``global_rate()`` since creation."""
+
+    def __init__(self, smooth_factor: float | None = None) -> None:
+        self._smooth_factor = (
+            xu.getenv_as("RATE_TRACKER_SMOOTHING", float, 0.4)
+            if smooth_factor is None
+            else smooth_factor
+        )
+        self._start_time = time.time()
+        self._partial_time = self._start_time
+        self._partial_count = 0.0
+        self._partial_rate: float | None = None
+        self._count = 0.0
+
+    def add(self, count: float) -> None:
+        self._count += count
+
+    def rate(self) -> float:
+        now = time.time()
+        elapsed = now - self._partial_time
+        if elapsed <= 0:
+            return 0.0
+        current = self._count / elapsed
+        previous = self._partial_rate
+        if previous is not None:
+            current = (1 - self._smooth_factor) * current + self._smooth_factor * previous
+        self._partial_count += self._count
+        self._count = 0.0
+        self._partial_time = now
+        self._partial_rate = current
+        return current
+
+    def global_rate(self) -> float:
+        elapsed = time.time() - self._start_time
+        return (self._partial_count + self._count) / elapsed if elapsed > 0 else 0.0
 
 
 def add_step_closure(

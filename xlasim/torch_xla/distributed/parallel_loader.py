@@ -53,9 +53,35 @@ class PerDeviceLoader:
         except StopIteration:
             torch_xla.sync()
             raise
-        return xm.send_cpu_data_to_device(batch, self._device, self._input_sharding)
+        return _send_batch(batch, self._device, self._input_sharding)
 
     next = __next__
+
+
+def _send_batch(batch: Any, device: Any, input_sharding: Any) -> Any:
+    """One batch on ``device``, shaped as it came from the loader.
+
+    ``input_sharding`` is one ``ShardingSpec`` for every tensor of the batch, or a dict giving
+    each key of a dict batch its own spec (an empty dict shards nothing); a key without a spec
+    is a ``KeyError`` naming every such key, raised once the batch's other keys are moved.
+    """
+    if not isinstance(input_sharding, dict):
+        # A loader's batches go over as a list, so a lone tensor comes back unwrapped.
+        return xm.send_cpu_data_to_device([batch], device, input_sharding)[0]
+    if not isinstance(batch, dict):
+        raise ValueError("input batch should be a dict when input sharding is a dict.")
+    moved: dict[Any, Any] = {}
+    missing = []
+    for key, tensor in batch.items():
+        assert type(tensor) is torch.Tensor
+        if input_sharding and key not in input_sharding:
+            missing.append(key)
+            continue
+        spec = input_sharding.get(key)
+        moved[key] = xm.send_cpu_data_to_device(tensor, device, spec)[0]
+    if missing:
+        raise KeyError(f"Keys: {missing} are missing from input_sharding.")
+    return moved
 
 
 class MpDeviceLoader:

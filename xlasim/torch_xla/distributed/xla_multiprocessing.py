@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
+import torch.multiprocessing
 import torch_xla.runtime as xr
 
 
@@ -30,3 +32,31 @@ def spawn(
         "xlasim does not simulate multi-process xmp.spawn (one process per TPU chip); use "
         "nprocs=1, or SPMD with one process per host"
     )
+
+
+class MpModelWrapper:
+    """A model built once (on CPU, at global scope) and moved to each process's device.
+
+    ``to(device)`` moves the wrapped model itself (under a lock shared by the processes) and
+    returns it.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self._model = model
+        self._lock = torch.multiprocessing.Lock()
+
+    def to(self, device: Any) -> torch.nn.Module:
+        with self._lock:
+            self._model.to(device)
+        return self._model
+
+
+class MpSerialExecutor:
+    """Runs functions one process at a time (``run(fn)`` under a lock shared by the processes)."""
+
+    def __init__(self) -> None:
+        self._lock = torch.multiprocessing.Lock()
+
+    def run(self, fn: Callable[[], Any]) -> Any:
+        with self._lock:
+            return fn()

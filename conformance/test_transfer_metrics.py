@@ -1,0 +1,139 @@
+"""Transfer and compile metrics through torch_xla.debug.metrics.
+
+Read from real torch_xla 2.9 on PJRT CPU (4 devices): each host-to-device transfer call
+records one ``TensorToData`` and one ``TransferToDeviceTime`` sample and one ``OutboundData``
+sample of the bytes its device buffers take (a list sent at once is one call); under SPMD a
+``.to('xla')`` sends nothing yet, and ``mark_sharding`` then sends each device its shard. A
+device-to-host copy records ``InboundData`` (the tensor's bytes). Each compiled graph counts
+one ``CreateCompileHandles``; a short report always lists the ``aten::`` CPU fallbacks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+
+def _samples(met, name):
+    data = met.metric_data(name)
+    return None if data is None else data[:2]
+
+
+def test_transfers_count_calls_and_bytes(xla_target):
+    import torch_xla
+    import torch_xla.debug.metrics as met
+
+    dev = torch_xla.device()
+    met.clear_all()
+    torch.tensor(100, device=dev)  # int64: 8 bytes
+    assert _samples(met, "OutboundData") == (1, 8.0)
+    assert met.metric_data("TensorToData")[0] == met.metric_data("TransferToDeviceTime")[0] == 1
+    a = torch.ones(4, 4).to(dev)
+    torch.ones(2, 3, dtype=torch.float64).to(dev)
+    assert _samples(met, "OutboundData") == (3, 8.0 + 64 + 48)
+    met.clear_all()
+    torch_xla._XLAC._xla_tensors_from_aten([torch.ones(4, 4), torch.ones(8)], [str(dev)] * 2)
+    assert _samples(met, "OutboundData") == (1, 96.0)
+    assert met.metric_data("TensorToData")[0] == 1
+    assert _samples(met, "InboundData") is None
+    a.cpu()
+    assert _samples(met, "InboundData") == (1, 64.0)
+    assert met.metric_data("TransferFromDeviceTime")[0] == 1
+
+
+def test_compile_handles_and_short_report(xla_target):
+    import torch_xla
+    import torch_xla.debug.metrics as met
+
+    t = torch.tensor(100.0, device=torch_xla.device())
+    met.clear_all()
+    u = t * 2
+    torch_xla.sync()
+    assert met.counter_value("CreateCompileHandles") == 1
+    u = t * 2
+    torch_xla.sync()
+    assert met.counter_value("CreateCompileHandles") == 1  # cached: nothing compiled
+    assert met.counter_value("aten::_local_scalar_dense") is None
+    # Reading a pending value back compiles its graph and is a CPU fallback.
+    assert bool(u * 3 + 1)
+    assert met.counter_value("CreateCompileHandles") == 2
+    assert met.counter_value("aten::_local_scalar_dense") == 1
+    short = met.short_metrics_report(counter_names=["MarkStep"], metric_names=["InboundData"])
+    names = [line for line in short.splitlines() if line.startswith(("Counter", "Metric"))]
+    assert names == [
+        "Metric: InboundData",
+        "Counter: MarkStep",
+        "Counter: aten::_local_scalar_dense",
+    ]
+    assert "Counter: aten::_local_scalar_dense" in met.short_metrics_report()
+
+
+def test_increment_counter(xla_target):
+    import torch_xla
+    import torch_xla.debug.metrics as met
+
+    met.clear_all()
+    torch_xla._XLAC._xla_increment_counter("MarkStep", 3)
+    torch_xla._XLAC._xla_increment_counter("NoSuchCounterYet", 2)
+    assert (met.counter_value("MarkStep"), met.counter_value("NoSuchCounterYet")) == (3, 2)
+    for args in (("MarkStep", -1), (1, 1)):
+        with pytest.raises(TypeError, match="incompatible function arguments"):
+            torch_xla._XLAC._xla_increment_counter(*args)
+    with pytest.raises(TypeError):
+        torch_xla._XLAC._xla_increment_counter("MarkStep")
+    assert met.counter_value("MarkStep") == 3
+
+
+def test_spmd_transfers_send_shards(xla_target):
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+    import torch_xla.debug.metrics as met
+    import torch_xla.distributed.spmd as xs
+    import torch_xla.runtime as xr
+
+    if xla_target.num_devices != 4:
+        pytest.skip(f"written for a 4-device slice, {xla_target} has {xla_target.num_devices}")
+    xr.use_spmd()
+    mesh = xs.Mesh(np.arange(4), (1, 4))
+    met.clear_all()
+    x = torch.ones(4, 4).to("xla")
+    assert _samples(met, "OutboundData") is None  # kept on the host until sharded or used
+    xs.mark_sharding(x, mesh, (0, 1))
+    assert _samples(met, "OutboundData") == (1, 64.0)  # four 4x1 shards
+    met.clear_all()
+    spec = xs.ShardingSpec(mesh, (0, 1))
+    xm.send_cpu_data_to_device([torch.ones(4, 4)], torch_xla.device(), spec)
+    assert _samples(met, "OutboundData") == (1, 64.0)
+    met.clear_all()
+    xm.send_cpu_data_to_device([torch.ones(4, 4)], torch_xla.device())
+    assert _samples(met, "OutboundData") == (1, 256.0)  # replicated: a copy per device
+    met.clear_all()
+    x.cpu()
+    assert _samples(met, "InboundData") == (1, 64.0)
+
+
+def test_spmd_reads_count_replicate_sharded_data(xla_target):
+    """Under SPMD every read of device data back to the host gathers it
+    (``ReplicateShardedData``), replicated data too; data still on the host is not counted."""
+    import torch_xla
+    import torch_xla.debug.metrics as met
+    import torch_xla.distributed.spmd as xs
+    import torch_xla.runtime as xr
+
+    if xla_target.num_devices != 4:
+        pytest.skip(f"written for a 4-device slice, {xla_target} has {xla_target.num_devices}")
+    xr.use_spmd()
+    sharded = torch.ones(4, 4).to("xla")
+    xs.mark_sharding(sharded, xs.Mesh(np.arange(4), (1, 4)), (0, 1))
+    replicated = torch.ones(4, 4).to("xla") + 0
+    on_host = torch.ones(4, 4).to("xla")
+    torch_xla.sync()
+    met.clear_all()
+    on_host.cpu()
+    assert met.counter_value("ReplicateShardedData") is None
+    sharded.cpu()
+    replicated.cpu()
+    assert met.counter_value("ReplicateShardedData") == 2
+    assert (sharded + 1).sum().item() == 32.0
+    assert met.counter_value("ReplicateShardedData") == 3

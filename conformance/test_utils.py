@@ -1,0 +1,92 @@
+"""torch_xla.utils.utils, the plain helpers that examples and client libraries import."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+def test_getenv_as_and_print_fn(xla_target, monkeypatch, capsys):
+    import torch_xla.utils.utils as xu
+
+    monkeypatch.setenv("XLASIM_CONF_FLAG", "0")
+    monkeypatch.setenv("XLASIM_CONF_RATE", "0.25")
+    monkeypatch.delenv("XLASIM_CONF_UNSET", raising=False)
+    assert xu.getenv_as("XLASIM_CONF_FLAG", bool) is False
+    assert xu.getenv_as("XLASIM_CONF_RATE", float, 0.4) == 0.25
+    assert xu.getenv_as("XLASIM_CONF_UNSET", int, 7) == 7
+    monkeypatch.setenv("DEBUG", "1")
+    xu.get_print_fn()("shown")
+    xu.get_print_fn(debug=0)("hidden")
+    assert capsys.readouterr().err == "shown\n"
+
+
+def test_sample_generator_and_nesting(xla_target):
+    import torch_xla.utils.utils as xu
+
+    data = (torch.zeros(2), torch.ones(2))
+    gen = xu.SampleGenerator(data, 3)
+    assert len(gen) == 3
+    assert [batch is data for batch in gen] == [True, True, True]
+    assert len(list(gen)) == 3  # every iter() starts a fresh pass
+    assert xu.shape([[1, 2, 3], [4, 5, 6]]) == [2, 3]
+    assert xu.shape(5) == []
+    with pytest.raises(AssertionError):
+        xu.shape([[1, 2], [3]])
+    assert xu.flatten_nested_tuple([1, (2, [3, 4]), 5]) == (1, 2, 3, 4, 5)
+    assert xu.as_list(4) == [4] and xu.as_list((4,)) == (4,)
+    base = (1, 2)
+    assert xu.list_copy_append(base, 3) == [1, 2, 3] and base == (1, 2)
+
+
+def test_for_each_instance_rewrite(xla_target):
+    import torch_xla.utils.utils as xu
+
+    class Box:
+        def __init__(self, items):
+            self.items = items
+
+    shared = torch.ones(1)
+    value = {"a": (shared, 2), "b": [shared, Box([torch.zeros(1)])]}
+    seen = []
+    xu.for_each_instance(value, lambda x: isinstance(x, torch.Tensor), seen.append)
+    assert len(seen) == 2  # the shared tensor once
+    out = xu.for_each_instance_rewrite(
+        value, lambda x: isinstance(x, torch.Tensor), lambda t: t + 1
+    )
+    assert isinstance(out["a"], list)  # tuples come back as lists
+    assert out["a"][0] is out["b"][0]  # sharing survives the rewrite
+    assert out["a"][0].tolist() == [2.0] and out["a"][1] == 2
+    assert isinstance(out["b"][1], Box) and out["b"][1] is not value["b"][1]
+    assert out["b"][1].items[0].tolist() == [1.0]
+    assert value["b"][1].items[0].tolist() == [0.0]  # the input is left alone
+
+    class Pair(xu.DataWrapper):
+        def __init__(self, x, y):
+            self.x, self.y = x, y
+
+        def get_tensors(self):
+            return [self.x, self.y]
+
+        def from_tensors(self, tensors):
+            return Pair(*tensors)
+
+    moved = xu.for_each_instance_rewrite(
+        [Pair(torch.zeros(1), torch.ones(1))],
+        lambda x: isinstance(x, torch.Tensor),
+        lambda t: t * 3,
+    )
+    assert moved[0].y.tolist() == [3.0]
+    with pytest.raises(NotImplementedError):
+        xu.DataWrapper().get_tensors()
+
+
+def test_distribution_metadata(xla_target):
+    # Client libraries (Lightning) read the installed version before importing torch_xla.
+    import importlib.metadata
+
+    import torch_xla.version
+
+    assert importlib.metadata.version("torch_xla") == "2.9.0"
+    assert importlib.metadata.distribution("torch-xla").metadata["Name"] == "torch-xla"
+    assert torch_xla.version.__version__ == "2.9.0"

@@ -1,0 +1,121 @@
+"""Training loops written for Hugging Face accelerate and Lightning, on the simulator.
+
+Each loop runs twice in its own process (the libraries keep process-wide state): on the CPU,
+and under ``xlasim run`` on a one-chip slice, where accelerate must pick
+``DistributedType.XLA`` on ``xla:0``. The losses must be those of CPU eager.
+
+Skipped where the library is not installed (none of the tox envs installs it yet; the
+baseline venv with torch 2.13, accelerate 1.15 and lightning 2.6.6 has both).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from docs_examples import ROOT, env_for, run
+
+ACCELERATE_LOOP = """
+import json, sys, torch
+from accelerate import Accelerator
+
+torch.manual_seed(0)
+acc = Accelerator(cpu=sys.argv[1] == "cpu")
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x = torch.arange(32.0).reshape(8, 4) / 32
+data = torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True))
+model, opt, loader = acc.prepare(model, opt, torch.utils.data.DataLoader(data, batch_size=4))
+losses = []
+for _ in range(2):
+    for xb, yb in loader:
+        loss = torch.nn.functional.mse_loss(model(xb), yb)
+        opt.zero_grad()
+        acc.backward(loss)
+        opt.step()
+        losses.append(loss.item())
+print("RESULT " + json.dumps({
+    "type": str(acc.distributed_type), "device": str(acc.device),
+    "param_device": str(next(model.parameters()).device), "losses": losses,
+}))
+"""
+
+LIGHTNING_LOOP = """
+import json, sys, torch
+import lightning as L
+
+class Regression(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 1)
+        self.losses, self.devices = [], set()
+
+    def training_step(self, batch, index):
+        xb, yb = batch
+        loss = torch.nn.functional.mse_loss(self.lin(xb), yb)
+        self.losses.append(loss.detach())
+        self.devices.add(str(xb.device))
+        self.devices.add(str(self.lin.weight.device))
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+torch.manual_seed(0)
+module = Regression()
+x = torch.arange(32.0).reshape(8, 4) / 32
+data = torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True))
+trainer = L.Trainer(
+    accelerator="cpu" if sys.argv[1] == "cpu" else "tpu", devices=1, max_epochs=2,
+    logger=False, enable_checkpointing=False, enable_progress_bar=False,
+    enable_model_summary=False,
+)
+trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=4))
+print("RESULT " + json.dumps({
+    "accelerator": type(trainer.accelerator).__name__,
+    "devices": sorted(module.devices), "losses": [float(l.cpu()) for l in module.losses],
+}))
+"""
+
+ACCELERATOR_TYPES = {"cpu": "DistributedType.NO", "xla": "DistributedType.XLA"}
+
+
+def _result(script: str, target: str, tmp_path) -> dict:
+    path = tmp_path / "loop.py"
+    path.write_text(script)
+    command = [sys.executable, str(path), target]
+    if target == "xla":
+        command = [sys.executable, "-m", "xlasim", "run", "--topology", "1x1"]
+        command += ["--accelerator", "v6e", sys.executable, str(path), target]
+    result = run(command, tmp_path, env_for(tmp_path))
+    assert result.returncode == 0, result.stdout
+    (line,) = [x for x in result.stdout.splitlines() if x.startswith("RESULT ")]
+    return json.loads(line.removeprefix("RESULT "))
+
+
+def test_accelerate_trains_on_xla_as_on_cpu(tmp_path):
+    pytest.importorskip("accelerate")
+    cpu = _result(ACCELERATE_LOOP, "cpu", tmp_path)
+    xla = _result(ACCELERATE_LOOP, "xla", tmp_path)
+    assert (cpu["type"], cpu["device"]) == (ACCELERATOR_TYPES["cpu"], "cpu")
+    assert (xla["type"], xla["device"], xla["param_device"]) == (
+        ACCELERATOR_TYPES["xla"],
+        "xla:0",
+        "xla:0",
+    )
+    assert len(xla["losses"]) == 4
+    assert xla["losses"] == pytest.approx(cpu["losses"], rel=1e-6)
+
+
+def test_lightning_trains_on_tpu_as_on_cpu(tmp_path):
+    pytest.importorskip("lightning")
+    if not (ROOT / "xlasim" / "torch_xla" / "_internal" / "tpu.py").exists():
+        # Lightning counts TPU devices with torch_xla._internal.tpu.num_available_devices().
+        pytest.skip("the simulator does not have torch_xla._internal.tpu yet")
+    cpu = _result(LIGHTNING_LOOP, "cpu", tmp_path)
+    xla = _result(LIGHTNING_LOOP, "xla", tmp_path)
+    assert (cpu["accelerator"], cpu["devices"]) == ("CPUAccelerator", ["cpu"])
+    assert (xla["accelerator"], xla["devices"]) == ("XLAAccelerator", ["xla:0"])
+    assert len(xla["losses"]) == 4
+    assert xla["losses"] == pytest.approx(cpu["losses"], rel=1e-6)
