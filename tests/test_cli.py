@@ -66,6 +66,27 @@ def test_describe_prints_hosts_devices_and_env(capsys):
     assert "('data', 'model')" in out
 
 
+def test_describe_draws_the_chips_on_the_torus(capsys):
+    assert main(["describe", "2x2x2", "--accelerator", "v4"]) == 0
+    out = capsys.readouterr().out
+    # v4-16: HOST_BOUNDS 1,1,2, so host 0 is the z=0 plane and host 1 the z=1 plane; ids
+    # follow the hosts, x fastest; mesh (data=2, model=4) puts device d at (d // 4, d % 4).
+    plane0, plane1 = out.split("z=0:")[1].split("Per-host")[0].split("z=1:")
+    assert "host 0" in plane0 and "host 1" not in plane0
+    assert "host 1" in plane1 and "host 0" not in plane1
+    for d in range(4):
+        assert f"TPU:{d} (0,{d})" in plane0
+        assert f"TPU:{d + 4} (1,{d})" in plane1
+    rows0 = [line for line in plane0.splitlines() if "│" in line and "TPU:" in line]
+    assert [r.split("TPU:")[1][0] + r.split("TPU:")[2][0] for r in rows0] == ["01", "23"]
+
+
+def test_describe_of_a_huge_slice_skips_the_grid(capsys):
+    assert main(["describe", "8x16x16", "--accelerator", "v5p"]) == 0
+    out = capsys.readouterr().out
+    assert "2048 chips" in out and "TPU:0 " not in out
+
+
 def test_describe_rejects_an_unknown_accelerator(capsys):
     assert main(["describe", "2x2", "--accelerator", "v9"]) == 2
     assert "'v9'" in capsys.readouterr().err

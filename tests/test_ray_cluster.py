@@ -3,6 +3,8 @@ expects them, workers running the simulator as their host, bounded start and tea
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 pytest.importorskip("ray")
@@ -17,6 +19,8 @@ from xlasim.ray_cluster import (  # noqa: E402
 )
 
 # One Ray cluster at a time on this machine: xdist runs the "ray" group on one worker.
+_CLEANER_LOGGER = "ray.train.v2._internal.execution.controller.placement_group_cleaner"
+
 pytestmark = [pytest.mark.timeout(600), pytest.mark.xdist_group("ray")]
 
 
@@ -82,6 +86,7 @@ def test_bad_slice_fails_before_anything_starts():
 
 @ray.remote(num_cpus=1, resources={"TPU": 4})
 def _host_view():
+    import logging
     import os
 
     import torch_xla
@@ -96,6 +101,8 @@ def _host_view():
         "devices": xr.global_runtime_device_count(),
         "device_type": xr.device_type(),
         "simulated": "xlasim" in (torch_xla.__file__ or ""),
+        "ray_address": os.environ.get("RAY_ADDRESS"),
+        "cleaner_log_level": logging.getLogger(_CLEANER_LOGGER).level,
     }
 
 
@@ -148,6 +155,10 @@ def test_rays_tpu_placement_runs_unchanged(tpu_ray_cluster):
         # the simulator runs as the host Ray placed the task on
         assert (v["process_index"], v["process_count"]) == (int(v["worker_id"]), 2)
         assert v["devices"] == 8
+        # the job's setup hook ran: Ray Train's placement-group cleaner asks this cluster
+        # (not the newest one on the machine) and does not warn every second
+        assert v["ray_address"] == ray.get_runtime_context().gcs_address
+        assert v["cleaner_log_level"] == logging.ERROR
 
 
 def test_cluster_is_torn_down_when_the_body_fails():

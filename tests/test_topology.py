@@ -25,8 +25,10 @@ from tpu_backend.machine import real_torch_xla_unavailable
 from tpu_backend.topology import (
     ACCELERATORS,
     DEFAULT_ACCELERATOR,
+    STANDARD_TOPOLOGIES,
     SliceSpec,
     default_mesh,
+    nearest_topologies,
     normalize_accelerator,
     parse_slice,
     tpu_host_env,
@@ -438,6 +440,50 @@ def test_bad_input_raises_value_error_naming_value_and_forms(
         parse_slice(topology, accelerator)
     for needle in needles:
         assert needle in str(info.value)
+
+
+def test_standard_topologies_are_rays_table_plus_single_host_v2_v3() -> None:
+    # Ray 2.60's VALID_TPU_TOPOLOGY, plus the one-host v2-8 / v3-8 (2x2) Google Cloud offers.
+    expected = {(gen, topo) for gen, topo in _ray_valid_pairs()} | {("v2", "2x2"), ("v3", "2x2")}
+    ours = {(gen, topo) for gen, topos in STANDARD_TOPOLOGIES.items() for topo in topos}
+    assert ours == expected
+    for gen, topos in STANDARD_TOPOLOGIES.items():
+        chips = [parse_slice(t, gen).num_chips for t in topos]
+        assert chips == sorted(chips), f"{gen} is not listed smallest first"
+
+
+@pytest.mark.parametrize(
+    ("topology", "accelerator", "suggestion"),
+    [
+        # 6 chips do not fill whole hosts; no standard v4 slice has 6: both neighbours.
+        (
+            "2x3x1",
+            "v4",
+            "nearest valid v4 topologies: '2x2x1' (4 chips, 1 host), '2x2x2' (8 chips, 2 hosts)",
+        ),
+        # 16 chips in a shape hosts cannot tile: the 16-chip shape Google Cloud offers.
+        ("1x4x4", "v4", "nearest valid v4 topologies: '2x2x4' (16 chips, 4 hosts)"),
+        ("1x1x1", "v5p", "nearest valid v5p topologies: '2x2x1' (4 chips, 1 host)"),
+        # 12 chips, but an odd first dimension: hosts of 2x2 cannot tile it.
+        (
+            "3x4",
+            "v3",
+            "nearest valid v3 topologies: '2x2' (4 chips, 1 host), '4x4' (16 chips, 4 hosts)",
+        ),
+    ],
+)
+def test_bad_topology_suggests_the_nearest_standard_ones(
+    topology: str, accelerator: str, suggestion: str
+) -> None:
+    with pytest.raises(ValueError) as info:
+        parse_slice(topology, accelerator)
+    assert str(info.value).endswith(suggestion)
+
+
+def test_nearest_topologies_prefers_an_exact_chip_count() -> None:
+    assert nearest_topologies("v6e", 16) == ["2x8", "4x4"]
+    assert nearest_topologies("TPU-V4", 64) == ["4x4x4"]
+    assert nearest_topologies("v7x", 100_000) == ["8x16x16"]
 
 
 def test_exact_messages_for_the_documented_examples() -> None:

@@ -44,6 +44,7 @@ Nothing here imports torch, torch_xla or ray.
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections.abc import Sequence
@@ -58,6 +59,8 @@ __all__ = [
     "SliceSpec",
     "default_mesh",
     "default_mesh_for",
+    "STANDARD_TOPOLOGIES",
+    "nearest_topologies",
     "normalize_accelerator",
     "parse_slice",
     "tpu_host_env",
@@ -196,15 +199,80 @@ def _chips_per_host(gen: Generation, dims: tuple[int, ...], topology: str) -> in
     if num_chips % _CHIPS_PER_HOST:
         raise ValueError(
             f"{gen.name} topology {topology!r} has {num_chips} chip(s), not a multiple of "
-            f"the {_CHIPS_PER_HOST} chips per host; {gen.name} slices span whole hosts, "
-            f"e.g. {_example_shapes(gen)}"
+            f"the {_CHIPS_PER_HOST} chips per host; {gen.name} slices span whole hosts"
+            f"{_suggestion(gen, num_chips)}"
         )
     if any(d % b for d, b in zip(dims, _HOST_BLOCK, strict=False)):
         raise ValueError(
             f"{gen.name} topology {topology!r} cannot be split into hosts of 2x2 chips: "
-            f"its first two dimensions must be even, e.g. {_example_shapes(gen)}"
+            f"its first two dimensions must be even{_suggestion(gen, num_chips)}"
         )
     return _CHIPS_PER_HOST
+
+
+def _shapes(*dims_sets: Sequence[int]) -> set[tuple[int, ...]]:
+    """Every shape whose i-th dimension is taken from ``dims_sets[i]``."""
+    return set(itertools.product(*dims_sets))
+
+
+_SMALL_3D: set[tuple[int, ...]] = {(2, 2, 1), (2, 2, 2), (2, 2, 4), (2, 4, 4)}
+_V5E_V6E: set[tuple[int, ...]] = {
+    (1, 1),
+    (2, 2),
+    (2, 4),
+    (2, 8),
+    (4, 4),
+    (4, 8),
+    (8, 8),
+    (8, 16),
+    (16, 16),
+}
+_V2: set[tuple[int, ...]] = {(2, 2), (4, 4), (4, 8), (8, 8), (8, 16), (16, 16)}
+_STANDARD_SHAPES: dict[str, set[tuple[int, ...]]] = {
+    "v2": _V2,
+    "v3": _V2 | {(16, 32), (32, 32)},
+    "v4": _SMALL_3D | _shapes((4, 8, 12), (4, 8, 12), (4, 8, 12, 16)),
+    "v5litepod": _V5E_V6E,
+    "v5p": _SMALL_3D | _shapes((4, 8, 12, 16), (4, 8, 12, 16), (4, 8, 12, 16, 20, 24)),
+    "v6e": _V5E_V6E,
+    "v7x": _SMALL_3D | {(4, 4, 4), (4, 4, 8), (4, 8, 8), (8, 8, 8), (8, 8, 16), (8, 16, 16)},
+}
+
+STANDARD_TOPOLOGIES: dict[str, tuple[str, ...]] = {
+    gen: tuple(_format_dims(d) for d in sorted(shapes, key=lambda d: (math.prod(d), d)))
+    for gen, shapes in _STANDARD_SHAPES.items()
+}
+"""The slice shapes Google Cloud offers per generation, smallest first: every shape Ray
+2.60 validates (``VALID_TPU_TOPOLOGY``) plus the single-host ``2x2`` of v2/v3 (v2-8,
+v3-8).  :func:`parse_slice` accepts more (any shape whose chips fill whole hosts); these are
+what its error messages suggest."""
+
+
+def nearest_topologies(accelerator: str, num_chips: int, limit: int = 3) -> list[str]:
+    """Standard topologies of ``accelerator`` closest to ``num_chips`` chips: those with
+    exactly that many if there are any, else the nearest smaller and larger ones."""
+    gen = GENERATIONS[normalize_accelerator(accelerator)]
+    by_chips: dict[int, list[str]] = {}
+    for topology in STANDARD_TOPOLOGIES[gen.name]:
+        by_chips.setdefault(math.prod(_parse_topology(topology)), []).append(topology)
+    if num_chips in by_chips:
+        return by_chips[num_chips][:limit]
+    below = [n for n in by_chips if n < num_chips]
+    above = [n for n in by_chips if n > num_chips]
+    picks = [by_chips[max(below)][0]] if below else []
+    picks += [by_chips[min(above)][0]] if above else []
+    return picks[:limit]
+
+
+def _suggestion(gen: Generation, num_chips: int) -> str:
+    """'; nearest valid v4 topologies: '2x2x4' (16 chips, 4 hosts)' for an error message."""
+    parts = []
+    for topology in nearest_topologies(gen.name, num_chips):
+        dims = _parse_topology(topology)
+        chips = math.prod(dims)
+        hosts = chips // _chips_per_host(gen, dims, topology)
+        parts.append(f"{topology!r} ({chips} chips, {hosts} host{'s' if hosts > 1 else ''})")
+    return f"; nearest valid {gen.name} topologies: {', '.join(parts)}" if parts else ""
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ __all__ = [
     "RecompilationReport",
     "assert_no_recompilation",
     "chip_memory",
+    "chip_memory_table",
     "clear_recompilations",
     "compiled_graphs",
     "compiled_graphs_report",
@@ -20,6 +21,7 @@ __all__ = [
     "recompilation_report",
     "recompilations",
     "register_xla_device",
+    "show_chip_memory",
     "simulate",
 ]
 
@@ -37,6 +39,8 @@ _LAZY = {
     "compiled_graphs": "xlasim.compile_report",
     "compiled_graphs_report": "xlasim.compile_report",
     "enforce_hbm": "xlasim.runtime.memory",
+    "chip_memory_table": "xlasim.memory_view",
+    "show_chip_memory": "xlasim.memory_view",
 }
 
 

@@ -80,7 +80,7 @@ class _SimFinder(importlib.abc.MetaPathFinder):
         if spec is None:
             raise ModuleNotFoundError(
                 f"No module named {fullname!r}: xlasim does not simulate this part of "
-                'torch_xla (see "What is simulated" in the xlasim README)',
+                "torch_xla (docs/support-matrix.md lists what it does)",
                 name=fullname,
             )
         return spec

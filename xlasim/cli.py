@@ -107,11 +107,16 @@ def _cmd_describe(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from xlasim.slice_table import slice_table
+    from xlasim.slice_table import MAX_GRID_CHIPS, chip_grids, slice_table
 
     spec = parse_slice(args.topology, args.accelerator)
     console = Console()
     console.print(slice_table(spec))
+    if spec.num_chips <= MAX_GRID_CHIPS:
+        for grid in chip_grids(spec):
+            console.print(grid)
+    else:
+        console.print(f"({spec.num_chips} chips: more than the {MAX_GRID_CHIPS} a grid shows)")
 
     shape, axes = default_mesh(spec)
     hosts = Table(title="Per-host TPU environment")

@@ -13,26 +13,38 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 import tpu_backend
 from tpu_backend.topology import parse_slice
-from xlasim.ray_cluster import fit_with_deadline, simulated_tpu_cluster
+from xlasim.ray_cluster import (
+    ClusterStartError,
+    error_chain_text,
+    fit_with_deadline,
+    machine_load,
+    simulated_tpu_cluster,
+)
+from xlasim.runtime.device import ensure_device_guard
 from xlasim.slice_table import slice_table
 
-__all__ = ["train_loop", "run", "main", "read_records"]
+__all__ = ["train_loop", "run", "main", "read_progress", "read_records"]
 
 DEFAULT_TOPOLOGY = "2x2x2"
 DEFAULT_ACCELERATOR = "v4"
+# A loaded 2-core machine can take minutes to start a few Ray nodes (each raylet must
+# register within Ray's fixed 30 s, which is why a failed attempt is retried).
+DEFAULT_STARTUP_TIMEOUT_S = 300.0
 
 
 def train_loop(config: dict[str, Any]) -> None:
@@ -76,6 +88,10 @@ def train_loop(config: dict[str, Any]) -> None:
     xs.mark_sharding(xd, mesh, spec_x)
     xs.mark_sharding(yd, mesh, spec_x)
 
+    out_dir = config.get("out_dir")
+    progress = Path(out_dir) / f"progress-host{state.host_index}.jsonl" if out_dir else None
+    _append_progress(progress, {"step": -1})  # the worker is up, step 0 (and its compile) next
+
     losses: list[float] = []
     t_first = None
     for step in range(steps):
@@ -88,6 +104,7 @@ def train_loop(config: dict[str, Any]) -> None:
         losses.append(value)
         if t_first is None:
             t_first = time.time()
+        _append_progress(progress, {"step": step, "loss": value})
         if step % report_every == 0 or step == steps - 1:
             print(f"[host {state.host_index}] step {step} loss {value:.6f}", flush=True)
             ray.train.report({"step": step, "loss": value, "host_index": state.host_index})
@@ -112,10 +129,33 @@ def train_loop(config: dict[str, Any]) -> None:
         "first_step_time": t_first,
         "pid": os.getpid(),
     }
-    out_dir = config.get("out_dir")
     if out_dir:
         path = Path(out_dir) / f"host{state.host_index}.json"
         path.write_text(json.dumps(record))
+
+
+def _append_progress(path: Path | None, entry: dict[str, Any]) -> None:
+    # One JSON line per event, for the driver's progress display (:class:`_ProgressView`).
+    if path is not None:
+        with path.open("a") as f:
+            f.write(json.dumps(entry) + "\n")
+
+
+def read_progress(out_dir: str | os.PathLike[str]) -> dict[int, list[dict[str, Any]]]:
+    """Host index -> the progress entries :func:`train_loop` appended so far."""
+    progress: dict[int, list[dict[str, Any]]] = {}
+    for path in Path(out_dir).glob("progress-host*.jsonl"):
+        host = int(path.stem.removeprefix("progress-host"))
+        # A line being written may be incomplete; it is read again on the next poll.
+        lines = path.read_text().splitlines()
+        entries = []
+        for line in lines:
+            try:
+                entries.append(json.loads(line))
+            except json.JSONDecodeError:
+                break
+        progress[host] = entries
+    return progress
 
 
 def read_records(out_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
@@ -134,11 +174,13 @@ def run(
     storage_path: str | None = None,
     torch_config: Any = None,
     fit_timeout_s: float = 600.0,
+    watch: Callable[[str], None] | None = None,
 ) -> tuple[Any, list[dict[str, Any]]]:
     """Train :func:`train_loop` on a connected (simulated) TPU Ray cluster.
 
     Returns the Ray ``Result`` and the per-host records.  The caller owns the cluster
-    (see :func:`xlasim.ray_cluster.simulated_tpu_cluster`).
+    (see :func:`xlasim.ray_cluster.simulated_tpu_cluster`).  ``watch`` is called with the
+    records directory while the run goes on (:func:`read_progress` reads it).
     """
     # Deferred: Ray is optional (the `ray` extra); the module imports without it.
     from ray.train import RunConfig, ScalingConfig
@@ -162,7 +204,8 @@ def run(
                 storage_path=storage_path or os.path.join(tmp, "ray_results"),
             ),
         )
-        result = fit_with_deadline(trainer, fit_timeout_s)
+        poll = (lambda: watch(out)) if watch is not None else None
+        result = fit_with_deadline(trainer, fit_timeout_s, poll=poll)
         return result, read_records(out)
 
 
@@ -215,6 +258,78 @@ def _print_report(spec: Any, records: list[dict[str, Any]], elapsed: float) -> b
     return same and down
 
 
+class _ProgressView:
+    """Training progress on the driver, from the hosts' progress files.
+
+    On a terminal: one bar per host (steps done, last loss).  Elsewhere (CI logs): one plain
+    line when every host's worker is up and one per step once every host has finished it,
+    never one line per host.
+    """
+
+    def __init__(self, console: Console, num_hosts: int, steps: int) -> None:
+        self._console = console
+        self._num_hosts = num_hosts
+        self._steps = steps
+        self._bars: Progress | None = None
+        self._tasks: dict[int, TaskID] = {}
+        self._announced = -2  # last step reported in plain mode (-1: workers up)
+        if console.is_terminal:
+            self._bars = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                TextColumn("{task.completed}/{task.total} steps"),
+                TextColumn("{task.fields[note]}"),
+                TimeElapsedColumn(),
+                console=console,
+                transient=True,
+            )
+            for host in range(num_hosts):
+                self._tasks[host] = self._bars.add_task(
+                    f"host {host}", total=steps, note="waiting for its Ray Train worker"
+                )
+
+    def __enter__(self) -> _ProgressView:
+        if self._bars is not None:
+            self._bars.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bars is not None:
+            self._bars.stop()
+
+    def update(self, out_dir: str) -> None:
+        progress = read_progress(out_dir)
+        if self._bars is not None:
+            for host, entries in progress.items():
+                if host not in self._tasks or not entries:
+                    continue
+                last = entries[-1]
+                done = last["step"] + 1
+                note = "step 0 (compiles)" if done == 0 else f"loss {last['loss']:.6f}"
+                self._bars.update(self._tasks[host], completed=done, note=note)
+            return
+        if len(progress) < self._num_hosts:
+            return
+        reached = min((e[-1]["step"] if e else -2) for e in progress.values())
+        while self._announced < reached:
+            self._announced += 1
+            if self._announced == -1:
+                self._console.print(f"workers up on all {self._num_hosts} host(s)")
+            else:
+                loss = progress[0][self._announced + 1]["loss"]
+                self._console.print(
+                    f"step {self._announced + 1}/{self._steps} done on every host (loss {loss:.6f})"
+                )
+
+
+def _fail(console: Console, what: str, hint: str) -> int:
+    # One line on stderr: the CLI never shows a traceback for a failed run.
+    Console(stderr=True, highlight=False, soft_wrap=True).print(
+        f"xlasim demo: {what}; {hint}", markup=False
+    )
+    return 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="xlasim demo",
@@ -238,14 +353,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--timeout",
         type=float,
         default=600.0,
-        help="seconds before the run is abandoned (default 600)",
+        help="seconds the training may take before it is abandoned (default 600)",
+    )
+    parser.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=DEFAULT_STARTUP_TIMEOUT_S,
+        help="seconds one attempt to start the local Ray cluster may take; a failed "
+        f"attempt is retried once (default {DEFAULT_STARTUP_TIMEOUT_S:g})",
     )
     parser.add_argument(
         "--verbose",
         action="store_true",
-        help="forward the Ray workers' logs (per-step lines of every host)",
+        help="forward the Ray workers' logs (per-step lines of every host) and Ray's own "
+        "INFO lines",
     )
     args = parser.parse_args(list(argv) if argv is not None else None)
+    for name in ("steps", "batch"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} {getattr(args, name)} is not valid: expected >= 1")
+    for name in ("timeout", "startup_timeout"):
+        if not getattr(args, name) > 0:
+            flag = "--" + name.replace("_", "-")
+            parser.error(f"{flag} {getattr(args, name)} is not valid: expected seconds > 0")
     accelerator = args.accelerator
     if accelerator is None and args.topology == DEFAULT_TOPOLOGY:
         accelerator = DEFAULT_ACCELERATOR
@@ -256,23 +386,57 @@ def main(argv: Sequence[str] | None = None) -> int:
     console = Console()
     console.print(slice_table(spec))
 
+    # Build the simulator's C++ extension here, where its first-use note reaches the
+    # terminal: built in the workers, it took minutes with no line on screen; now they load
+    # the cached build.
+    ensure_device_guard()
     t0 = time.monotonic()
     console.print(f"starting a local Ray cluster with {spec.num_hosts} simulated TPU host(s)...")
-    # Worker logs stay in the cluster's log files (--verbose shows them): without a
-    # dashboard Ray Train's placement-group cleaner warns every second.
-    with simulated_tpu_cluster(
-        spec.topology, spec.accelerator, log_to_driver=args.verbose
-    ) as cluster:
-        console.print(
-            f"cluster up in {cluster.startup_s:.1f}s; training {args.steps} steps on "
-            f"{spec.num_hosts} host(s) (one Ray Train worker per host)..."
-        )
-        _, records = run(
+    try:
+        # Worker logs stay in the cluster's log files (--verbose shows them): without a
+        # dashboard Ray Train's placement-group cleaner warns every second.
+        with simulated_tpu_cluster(
             spec.topology,
             spec.accelerator,
-            steps=args.steps,
-            batch=args.batch,
-            fit_timeout_s=args.timeout,
+            log_to_driver=args.verbose,
+            driver_log_level=None if args.verbose else logging.WARNING,
+            startup_timeout_s=args.startup_timeout,
+            progress=lambda line: console.print(f"  {line}", highlight=False),
+        ) as cluster:
+            console.print(
+                f"cluster up in {cluster.startup_s:.1f}s; training {args.steps} steps on "
+                f"{spec.num_hosts} host(s) (one Ray Train worker per host)..."
+            )
+            with _ProgressView(console, spec.num_hosts, args.steps) as view:
+                _, records = run(
+                    spec.topology,
+                    spec.accelerator,
+                    steps=args.steps,
+                    batch=args.batch,
+                    fit_timeout_s=args.timeout,
+                    watch=view.update,
+                )
+    except ClusterStartError as e:
+        return _fail(
+            console,
+            str(e),
+            "try: run it again; give start-up longer (--startup-timeout "
+            f"{2 * args.startup_timeout:g}); or a smaller slice (--topology 2x2x1 "
+            "--accelerator v4, one host)",
+        )
+    except TimeoutError as e:
+        return _fail(
+            console,
+            f"{e} ({machine_load()})",
+            f"try: a longer bound (--timeout {2 * args.timeout:g}) or fewer --steps; "
+            "--verbose shows where the workers are",
+        )
+    except Exception as e:
+        causes = error_chain_text(e).splitlines()
+        return _fail(
+            console,
+            f"training failed: {causes[-1] if causes else type(e).__name__}",
+            "--verbose shows the workers' logs",
         )
     ok = _print_report(spec, records, time.monotonic() - t0)
     return 0 if ok else 1

@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import copy
+import logging
 import os
 import socket
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +38,7 @@ from typing import Any
 from tpu_backend.topology import SliceSpec, parse_slice
 
 __all__ = [
+    "ClusterStartError",
     "SimulatedTPUCluster",
     "host_node_args",
     "simulated_tpu_cluster",
@@ -43,6 +46,8 @@ __all__ = [
     "DEFAULT_OBJECT_STORE_BYTES",
     "SIMULATION_RUNTIME_ENV",
     "fit_with_deadline",
+    "job_worker_setup",
+    "machine_load",
     "release_placement_groups",
     "error_chain_text",
 ]
@@ -55,7 +60,8 @@ SIMULATION_RUNTIME_ENV: dict[str, Any] = {
         "XLASIM_ACCELERATOR": "${XLASIM_NODE_ACCELERATOR}",
         "XLASIM_HOST_INDEX": "${XLASIM_NODE_HOST_INDEX}",
         "XLASIM_HOSTS_ADDR": "${XLASIM_NODE_HOSTS_ADDR}",
-    }
+    },
+    "worker_process_setup_hook": "xlasim.ray_cluster.job_worker_setup",
 }
 """Job runtime_env that activates the simulator in every worker process of the job.
 
@@ -64,10 +70,32 @@ worker gets its own node's host index.  The activation variables are not set on 
 node itself because every Python process started with them imports torch at start-up
 (``xlasim.pth``), Ray's per-node agents included, and a raylet whose agent is not up
 within Ray's hard-coded 30 s aborts; job workers are the only processes that need it.
-On a node without the ``XLASIM_NODE_*`` values (a plain head) they expand to ''."""
+On a node without the ``XLASIM_NODE_*`` values (a plain head) they expand to ''.
+Every worker of the job also runs :func:`job_worker_setup` first."""
 """Ray's floor is 75 MiB; tests move kilobytes."""
 
 _PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
+
+_CLEANER_LOGGER = "ray.train.v2._internal.execution.controller.placement_group_cleaner"
+
+
+def job_worker_setup() -> None:
+    """Runs first in every worker process of a job on a simulated cluster (Ray's
+    ``worker_process_setup_hook`` in :data:`SIMULATION_RUNTIME_ENV`).
+
+    Ray Train's ``PlacementGroupCleaner`` asks the state API whether the run's controller
+    is alive.  Without ``RAY_ADDRESS`` that API connects to the newest Ray cluster on the
+    machine, which on a shared machine may be someone else's (where our controller does
+    not exist, so it would remove our placement group); this points it at our own.  And
+    with no dashboard here its query always fails, and it warns about that every second:
+    those warnings are turned off (:func:`fit_with_deadline` does the cleaning instead).
+    """
+    import ray  # deferred: Ray is optional; this runs inside Ray workers only
+
+    gcs_address = ray.get_runtime_context().gcs_address
+    if gcs_address:
+        os.environ.setdefault("RAY_ADDRESS", gcs_address)
+    logging.getLogger(_CLEANER_LOGGER).setLevel(logging.ERROR)
 
 
 def host_node_args(
@@ -167,6 +195,24 @@ def _shutdown(cluster: Any) -> None:
             cluster.shutdown()
 
 
+class ClusterStartError(RuntimeError):
+    """The simulated cluster did not come up in any of its start attempts."""
+
+
+def machine_load() -> str:
+    """'load average 7.9 on 2 CPUs': what start-up and timeout messages tell the reader."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # not every platform has a load average
+        return f"{os.cpu_count()} CPUs"
+    return f"load average {load:.1f} on {os.cpu_count()} CPUs"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
 @contextlib.contextmanager
 def simulated_tpu_cluster(
     topology: str = "2x2x2",
@@ -180,17 +226,26 @@ def simulated_tpu_cluster(
     include_dashboard: bool = False,
     object_store_memory: int = DEFAULT_OBJECT_STORE_BYTES,
     startup_timeout_s: float = 90.0,
+    startup_attempts: int = 2,
     extra_env: Mapping[str, str] | None = None,
     connect: bool = True,
     log_to_driver: bool = True,
+    progress: Callable[[str], None] | None = None,
+    driver_log_level: int | None = None,
 ) -> Iterator[SimulatedTPUCluster]:
     """Start a local Ray cluster shaped like ``num_slices`` slices of ``topology``.
 
     One Ray node per TPU host; the first host is the head node (as in Ray's own
     fake-TPU tests) unless ``separate_head`` adds a TPU-less head, as real TPU clusters
-    usually have.  ``head_num_cpus`` extra CPUs go to the head (for test actors).  Raises
-    ``TimeoutError`` when the nodes do not register within ``startup_timeout_s``; always
-    shuts the cluster down on exit.
+    usually have.  ``head_num_cpus`` extra CPUs go to the head (for test actors).
+
+    Each start attempt is bounded by ``startup_timeout_s``; a failed attempt (Ray's own
+    "node timed out during startup" on a loaded machine, or the bound) is torn down and
+    retried, ``startup_attempts`` in all, then ``ClusterStartError`` names the bound, the
+    attempts, the last cause and the machine's load.  ``progress`` receives one line per
+    host that comes up and per retry.  ``driver_log_level`` (e.g. ``logging.WARNING``) is
+    the level of this process's ``ray`` logger (Ray's INFO lines: addresses, connecting).
+    The cluster is shut down on every exit path.
 
     No dashboard by default (it needs ``ray[default]`` and a core's worth of start-up).
     Without it Ray Train's ``PlacementGroupCleaner`` cannot ask the state API whether a
@@ -199,7 +254,6 @@ def simulated_tpu_cluster(
     """
     # Deferred: Ray is optional.
     import ray
-    from ray.cluster_utils import Cluster
 
     if ray.is_initialized():
         raise RuntimeError(
@@ -209,9 +263,79 @@ def simulated_tpu_cluster(
     spec = parse_slice(topology, accelerator)
     if isinstance(num_slices, bool) or not isinstance(num_slices, int) or num_slices < 1:
         raise ValueError(f"num_slices {num_slices!r} is not valid: expected a positive int")
+    if isinstance(startup_attempts, bool) or not isinstance(startup_attempts, int):
+        raise ValueError(f"startup_attempts {startup_attempts!r} is not valid: expected an int")
+    if startup_attempts < 1:
+        raise ValueError(f"startup_attempts {startup_attempts!r} is not valid: expected >= 1")
     slice_names = [f"xlasim-{spec.pod_type}-{chr(ord('a') + i)}" for i in range(num_slices)]
+    say = progress or (lambda line: None)
+    t0 = time.monotonic()
+    handle = None
+    for attempt in range(1, startup_attempts + 1):
+        try:
+            handle = _start_cluster(
+                spec,
+                slice_names,
+                simulate=simulate,
+                num_cpus_per_host=num_cpus_per_host,
+                head_num_cpus=head_num_cpus,
+                separate_head=separate_head,
+                include_dashboard=include_dashboard,
+                object_store_memory=object_store_memory,
+                startup_timeout_s=startup_timeout_s,
+                extra_env=extra_env,
+                connect=connect,
+                log_to_driver=log_to_driver,
+                driver_log_level=driver_log_level,
+                say=say,
+            )
+            break
+        except Exception as exc:
+            if attempt == startup_attempts:
+                raise ClusterStartError(
+                    f"the simulated {spec.pod_type} Ray cluster did not start: "
+                    f"{startup_attempts} attempt(s) of at most {startup_timeout_s:g}s each "
+                    f"failed (last: {_first_line(exc)}); {machine_load()}"
+                ) from exc
+            say(
+                f"cluster start failed ({_first_line(exc)}; {machine_load()}); "
+                f"retrying, attempt {attempt + 1} of {startup_attempts}"
+            )
+    assert handle is not None
+    handle.startup_s = time.monotonic() - t0
+    try:
+        yield handle
+    finally:
+        _shutdown(handle.cluster)
+
+
+def _start_cluster(
+    spec: SliceSpec,
+    slice_names: list[str],
+    *,
+    simulate: bool,
+    num_cpus_per_host: float,
+    head_num_cpus: float,
+    separate_head: bool,
+    include_dashboard: bool,
+    object_store_memory: int,
+    startup_timeout_s: float,
+    extra_env: Mapping[str, str] | None,
+    connect: bool,
+    log_to_driver: bool,
+    driver_log_level: int | None,
+    say: Callable[[str], None],
+) -> SimulatedTPUCluster:
+    """One bounded start attempt; on any failure the half-started cluster is shut down."""
+    # Deferred: Ray is optional.
+    import ray
+    from ray.cluster_utils import Cluster
+
     t0 = time.monotonic()
     cluster = None
+    if driver_log_level is not None:
+        # Before the head starts: it logs the address it writes at INFO.
+        logging.getLogger("ray").setLevel(driver_log_level)
     try:
         cluster = Cluster(initialize_head=False, shutdown_at_exit=True)
         hosts = [(name, host) for name in slice_names for host in range(spec.num_hosts)]
@@ -242,6 +366,8 @@ def simulated_tpu_cluster(
             # One node at a time: each raylet waits at most 30 s (hard-coded in Ray) to
             # register, and starting several at once on a 2-core machine can exceed it.
             cluster.add_node(object_store_memory=object_store_memory, **args)
+            where = f" of {name}" if len(slice_names) > 1 else ""
+            say(f"host {host + 1}/{spec.num_hosts}{where} up ({time.monotonic() - t0:.1f}s)")
             if time.monotonic() - t0 > startup_timeout_s and i < len(hosts) - 1:
                 raise TimeoutError(
                     f"simulated TPU cluster: only {i + 1} of {len(hosts)} hosts started "
@@ -250,26 +376,26 @@ def simulated_tpu_cluster(
         remaining = startup_timeout_s - (time.monotonic() - t0)
         cluster.wait_for_nodes(timeout=max(remaining, 1.0))
         if connect:
+            init_args: dict[str, Any] = {}
+            if driver_log_level is not None:
+                init_args["logging_level"] = driver_log_level  # ray.init resets it otherwise
             ray.init(
                 address=cluster.address,
                 log_to_driver=log_to_driver,
-                runtime_env=SIMULATION_RUNTIME_ENV if simulate else None,
+                # A copy: Ray writes the setup hook into the dict it is given.
+                runtime_env=copy.deepcopy(SIMULATION_RUNTIME_ENV) if simulate else None,
+                **init_args,
             )
-        handle = SimulatedTPUCluster(
+        return SimulatedTPUCluster(
             spec=spec,
-            num_slices=num_slices,
+            num_slices=len(slice_names),
             slice_names=slice_names,
             address=cluster.address,
             cluster=cluster,
-            startup_s=time.monotonic() - t0,
         )
     except BaseException:
         _shutdown(cluster)
         raise
-    try:
-        yield handle
-    finally:
-        _shutdown(cluster)
 
 
 def tpu_ray_cluster_fixture(request: Any) -> Iterator[SimulatedTPUCluster]:
@@ -322,20 +448,34 @@ def release_placement_groups() -> int:
     return removed
 
 
-def fit_with_deadline(trainer: Any, timeout_s: float, *, release_after: bool = True) -> Any:
+def fit_with_deadline(
+    trainer: Any,
+    timeout_s: float,
+    *,
+    release_after: bool = True,
+    poll: Callable[[], None] | None = None,
+    poll_interval_s: float = 0.5,
+) -> Any:
     """``trainer.fit()`` bounded in wall time: Ray waits for missing resources forever.
 
-    Raises ``TimeoutError`` after ``timeout_s``.  With ``release_after`` (for clusters
-    that run one training at a time, like :func:`simulated_tpu_cluster`'s), placement
-    groups left behind by the run are released when it ends, however it ends.
+    Raises ``TimeoutError`` after ``timeout_s``.  ``poll`` (e.g. a progress display) is
+    called every ``poll_interval_s`` while the run goes on.  With ``release_after`` (for
+    clusters that run one training at a time, like :func:`simulated_tpu_cluster`'s),
+    placement groups left behind by the run are released when it ends, however it ends.
     """
     import ray  # deferred: Ray is optional
 
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="fit")
     future = pool.submit(trainer.fit)
+    deadline = time.monotonic() + timeout_s
     try:
-        return future.result(timeout=timeout_s)
+        while poll is not None and not future.done() and time.monotonic() < deadline:
+            concurrent.futures.wait([future], timeout=poll_interval_s)
+            poll()
+        return future.result(timeout=max(deadline - time.monotonic(), 0.0))
     except concurrent.futures.TimeoutError:
+        if future.done():
+            raise  # fit() itself raised it (the same class since Python 3.11)
         raise TimeoutError(f"TorchTrainer.fit() did not finish within {timeout_s:g}s") from None
     finally:
         pool.shutdown(wait=False)

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import threading
+import time
 import zlib
 from collections.abc import Callable, Iterable
 
@@ -122,12 +124,31 @@ def ensure_device_guard() -> None:
                 # PATH (two versions hash a command differently and rebuild each other's work).
                 torch.ops.load_library(os.path.join(build_dir, f"{name}.so"))
             else:
+                # A first use compiles for tens of seconds: say so, since nothing else would
+                # (a library left by an older xlasim without the marker only relinks).
+                compiles = not os.path.exists(os.path.join(build_dir, f"{name}.so"))
+                if compiles:
+                    _note(
+                        f"building the simulator's C++ device extension for torch "
+                        f"{torch.__version__} (first use only; tens of seconds)..."
+                    )
+                start = time.monotonic()
                 _build(name, source, build_dir)
                 with open(built, "w") as marker:
                     marker.write(torch.__version__)
+                if compiles:
+                    _note(
+                        f"built in {time.monotonic() - start:.0f} s; cached in {build_dir} "
+                        "(TORCH_EXTENSIONS_DIR moves it), so later runs skip this"
+                    )
         finally:
             lock.release()
         _guard_ready = True
+
+
+def _note(line: str) -> None:
+    # stderr, one line: a program's own stdout stays exactly what it prints.
+    print(f"xlasim: {line}", file=sys.stderr, flush=True)
 
 
 def set_wrapper_meta(wrapper: torch.Tensor, like: torch.Tensor) -> None:

@@ -92,6 +92,9 @@ class SyncBatchNorm(torch.nn.Module):
     ``running_var``, as torch_xla's does.
     """
 
+    running_mean: torch.Tensor
+    running_var: torch.Tensor
+
     def __init__(self, num_features: int, eps: float = 1e-5, momentum: float = 0.1) -> None:
         super().__init__()
         self.num_features = num_features
