@@ -69,9 +69,14 @@ def _resolves(name: str) -> bool:
         path = ROOT / "/".join(parts)
         return path.exists() or path.with_suffix(".py").exists() or (ROOT / name).exists()
     for cut in range(len(parts), 0, -1):
+        module = ".".join(parts[:cut])
         try:
-            obj = importlib.import_module(".".join(parts[:cut]))
-        except ModuleNotFoundError:
+            obj = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and not module.startswith(exc.name):
+                # The module is there but needs an optional extra this environment lacks (jax
+                # for the TPU-compiler layer): its file is what can be checked.
+                return (ROOT / "/".join(parts[:cut])).with_suffix(".py").exists()
             continue
         for attr in parts[cut:]:
             if not hasattr(obj, attr):

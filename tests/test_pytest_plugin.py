@@ -575,3 +575,10 @@ def test_a_multi_host_topology_runs_spmd_tests_in_one_process(pytester: pytest.P
     result.stdout.fnmatch_lines(
         ["xlasim: v6e-16 has 4 hosts; each sim-target test is one process*"]
     )
+
+
+def test_compiler_option_rejects_a_bad_name(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile("def test_nothing():\n    pass\n")
+    result = run(pytester, "--xlasim-compiler", "gcc")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--xlasim-compiler: unknown compiler 'gcc'; valid: libtpu, none"])

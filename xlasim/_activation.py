@@ -8,6 +8,7 @@ outermost exit puts back whatever ``torch_xla`` modules were there before.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import importlib.abc
 import importlib.machinery
@@ -22,6 +23,7 @@ from typing import Any, TypeVar
 from tpu_backend.machine import real_torch_xla_loaded
 from tpu_backend.topology import SliceSpec, parse_slice, tpu_host_env
 from xlasim.runtime.knobs import EnvError, check_runtime_knobs, env_int
+from xlasim.runtime.run_options import REPORT_ENV, resolve_compiler, resolve_dry_run
 
 _SURFACE_PARENT = os.path.dirname(os.path.abspath(__file__))
 _lock = threading.RLock()
@@ -107,8 +109,18 @@ class _LazyFinder(importlib.abc.MetaPathFinder):
             if not _entries:
                 process_wide = simulate(**self.config)
                 process_wide.thread = None  # the process's own slice: every thread uses it
-                process_wide.__enter__()
+                runtime = process_wide.__enter__()
+                if os.environ.get(REPORT_ENV):
+                    _report_at_exit(runtime)
         return _FINDER.find_spec(fullname, path, target)
+
+
+def _report_at_exit(runtime: Any) -> None:
+    # Deferred: rich and the report load only in a process that prints it (`xlasim run
+    # --compiler`), not at every interpreter start-up.
+    from xlasim.compile_report import print_at_exit
+
+    atexit.register(print_at_exit, runtime)
 
 
 _FINDER = _SimFinder()
@@ -166,6 +178,11 @@ class simulate:  # noqa: N801 - used like a function: `with xlasim.simulate(...)
         host_index: which host of the slice this process is.
         spmd: start in SPMD mode, as if the program had called ``xr.use_spmd()`` first.
         single_process: this process stands for every host of the slice.
+        compiler: ``"libtpu"`` also compiles every graph the simulator counts as an uncached
+            compile with the real TPU compiler for this slice (the ``tpu-compiler`` extra; see
+            docs/will-it-fit.md); ``None``: from ``XLASIM_COMPILER``.
+        dry_run: ``True`` runs on shapes only, computing no values; ``None``: from
+            ``XLASIM_DRY_RUN``.
     """
 
     def __init__(
@@ -175,6 +192,9 @@ class simulate:  # noqa: N801 - used like a function: `with xlasim.simulate(...)
         host_index: int = 0,
         spmd: bool = False,
         single_process: bool = False,
+        *,
+        compiler: str | None = None,
+        dry_run: bool | None = None,
     ) -> None:
         self.spec = parse_slice(topology, accelerator)
         # Validates the host index now, before anything (torch included) is loaded.
@@ -187,6 +207,8 @@ class simulate:  # noqa: N801 - used like a function: `with xlasim.simulate(...)
         self.host_index = host_index
         self.spmd = spmd
         self.single_process = single_process
+        self.compiler = resolve_compiler(compiler)
+        self.dry_run = resolve_dry_run(dry_run)
         self._runtimes: list[Any] = []
         self.thread: threading.Thread | None = threading.current_thread()
         """The thread whose code runs in the simulation (None: the whole process's)."""
@@ -194,9 +216,22 @@ class simulate:  # noqa: N801 - used like a function: `with xlasim.simulate(...)
     def __enter__(self) -> Any:
         with _lock:
             _check_same_thread(self)
-            if not _entries:
+            outermost = not _entries
+            if outermost:
                 _swap_in(self.spec)
-            runtime = _session().enter(self.spec, self.host_index, self.spmd, self.single_process)
+            try:
+                runtime = _session().enter(
+                    self.spec,
+                    self.host_index,
+                    self.spmd,
+                    self.single_process,
+                    compiler=self.compiler,
+                    dry_run=self.dry_run,
+                )
+            except BaseException:
+                if outermost:
+                    _swap_out()
+                raise
             _entries.append(self)
             self._runtimes.append(runtime)
         return runtime

@@ -19,6 +19,13 @@ from xlasim._activation import SINGLE_PROCESS_ENV
 from xlasim.arguments import OneLineErrorParser, fail, reject_dash_topologies
 from xlasim.host_launcher import HOSTS_ADDR_ENV, loopback_address, run_hosts
 from xlasim.runtime.knobs import check_runtime_knobs
+from xlasim.runtime.run_options import (
+    COMPILER_ENV,
+    COMPILERS,
+    DRY_RUN_ENV,
+    REPORT_ENV,
+    resolve_compiler,
+)
 
 
 def _pth_installed() -> bool:
@@ -26,16 +33,32 @@ def _pth_installed() -> bool:
     return any(os.path.exists(os.path.join(p, "xlasim.pth")) for p in paths)
 
 
-def simulation_env(topology: str, accelerator: str | None, host_index: int = 0) -> dict[str, str]:
+def simulation_env(
+    topology: str,
+    accelerator: str | None,
+    host_index: int = 0,
+    *,
+    compiler: str | None = None,
+    dry_run: bool = False,
+) -> dict[str, str]:
     """The variables that make a Python process start against the simulated slice."""
     spec = parse_slice(topology, accelerator)
     # Validates the host index with the same message the runtime would give.
     tpu_host_env(spec, host_index)
-    return {
+    env = {
         "XLASIM_TOPOLOGY": spec.topology,
         "XLASIM_ACCELERATOR": spec.accelerator,
         "XLASIM_HOST_INDEX": str(host_index),
     }
+    if compiler is not None:
+        # Checked here, before the program starts: an unknown name or a missing extra.
+        name = resolve_compiler(compiler) or "none"
+        env[COMPILER_ENV] = name
+        if name != "none":
+            env[REPORT_ENV] = "1"  # compile progress, and the compiled-graph table at exit
+    if dry_run:
+        env[DRY_RUN_ENV] = "1"
+    return env
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -54,7 +77,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
         indexes = [0]
     else:
         indexes = list(range(spec.num_hosts))
-    envs = [dict(os.environ, **simulation_env(args.topology, args.accelerator, h)) for h in indexes]
+    envs = [
+        dict(
+            os.environ,
+            **simulation_env(
+                args.topology, args.accelerator, h, compiler=args.compiler, dry_run=args.dry_run
+            ),
+        )
+        for h in indexes
+    ]
     check_runtime_knobs(envs[0])  # a bad knob fails here, not in the children at first use
     if args.single_process:
         envs[0][SINGLE_PROCESS_ENV] = "1"
@@ -167,6 +198,17 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print every host's output, each line prefixed [host N] (default: host 0's only)",
     )
+    run.add_argument(
+        "--compiler",
+        default=None,
+        help=f"also compile every graph with a real compiler for the slice: "
+        f"{', '.join(COMPILERS)} (needs the tpu-compiler extra), or none",
+    )
+    run.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="run on shapes only: no values are computed, so models of any size fit",
+    )
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
 
     describe = sub.add_parser("describe", help="print a slice as a table")
@@ -188,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.cmd == "run":
             return _cmd_run(args)
         return _cmd_describe(args)
-    except ValueError as exc:
+    except (ValueError, ImportError) as exc:
         print(f"xlasim {args.cmd}: {exc}", file=sys.stderr)
         return 2
 

@@ -173,6 +173,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=DEFAULT_TIMEOUT_S,
         help=f"seconds one real-target test subprocess may run (default {DEFAULT_TIMEOUT_S:g})",
     )
+    group.addoption(
+        "--xlasim-compiler",
+        dest="xlasim_compiler",
+        default=None,
+        help="also compile every simulated graph with a real compiler: libtpu (needs the "
+        "tpu-compiler extra) or none; sets XLASIM_COMPILER for the session's simulations",
+    )
     # Internal: set on the child pytest that runs one real-target test.
     group.addoption("--xlasim-child", dest="xlasim_child", default=None, help=argparse.SUPPRESS)
     group.addoption(
@@ -210,6 +217,7 @@ def pytest_configure(config: pytest.Config) -> None:
     except (ValueError, KeyError) as exc:
         raise pytest.UsageError(f"--topology/--accelerator: {exc}") from exc
     config.stash[_targets_key] = _parse_targets(config.getoption("xla_targets"))
+    _configure_compiler(config)
     child = config.getoption("xlasim_child")
     if child is not None and child not in REAL_TARGETS:
         raise pytest.UsageError(f"--xlasim-child {child!r}: expected one of {sorted(REAL_TARGETS)}")
@@ -217,6 +225,35 @@ def pytest_configure(config: pytest.Config) -> None:
     report_path = config.getoption("xlasim_child_report")
     if child is not None and report_path:
         config.pluginmanager.register(_ChildReporter(Path(report_path)), "xlasim-child-reporter")
+
+
+_COMPILER_ENV = "XLASIM_COMPILER"
+_saved_compiler_key = pytest.StashKey[str | None]()
+
+
+def _configure_compiler(config: pytest.Config) -> None:
+    name = config.getoption("xlasim_compiler")
+    if name is None:
+        return
+    # Deferred: the real-target child loads this file without the xlasim package.
+    from xlasim.runtime.run_options import resolve_compiler
+
+    try:
+        resolve_compiler(name)
+    except (ValueError, ImportError) as exc:
+        raise pytest.UsageError(f"--xlasim-compiler: {exc}") from exc
+    config.stash[_saved_compiler_key] = os.environ.get(_COMPILER_ENV)
+    os.environ[_COMPILER_ENV] = name
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _saved_compiler_key not in config.stash:
+        return
+    saved = config.stash[_saved_compiler_key]
+    if saved is None:
+        os.environ.pop(_COMPILER_ENV, None)
+    else:
+        os.environ[_COMPILER_ENV] = saved
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:

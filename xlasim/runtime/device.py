@@ -226,31 +226,36 @@ class FactoryKernels:
         wrap_new: Callable[[torch.Tensor, torch.device], torch.Tensor],
         copy_into: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
         reserve: Callable[[Any, torch.dtype | None, torch.device | None], None],
+        storage: Callable[[], torch.device],
     ) -> None:
         self._wrap_new = wrap_new
         self._copy_into = copy_into
         # Runs before the CPU tensor behind a new device tensor is allocated: a tensor that
         # does not fit (or a device that does not exist) must fail before taking host memory.
         self._reserve = reserve
+        # Where a new device tensor's values live: the CPU, or meta in a dry run.
+        self._storage = storage
         self._lib: torch.library.Library | None = None
 
     def register(self) -> None:
         if self._lib is not None:
             return
-        wrap_new = self._wrap_new
-        reserve = self._reserve
+        wrap_new, reserve, storage = self._wrap_new, self._reserve, self._storage
         lib = torch.library.Library("aten", "IMPL", "XLA")
 
         def empty_memory_format(
             size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None
         ):
             reserve(size, dtype, device)
-            cpu = torch.empty(size, dtype=dtype, layout=layout, memory_format=memory_format)
-            return wrap_new(cpu, device)
+            values = torch.empty(
+                size, dtype=dtype, layout=layout, memory_format=memory_format, device=storage()
+            )
+            return wrap_new(values, device)
 
         def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
             reserve(size, dtype, device)
-            return wrap_new(torch.empty_strided(size, stride, dtype=dtype, layout=layout), device)
+            values = torch.empty_strided(size, stride, dtype=dtype, layout=layout, device=storage())
+            return wrap_new(values, device)
 
         # Reached instead of the Python key where torch excludes it (torch.tensor(..., device=)).
         def copy_from(src, dst, non_blocking=False):

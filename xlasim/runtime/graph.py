@@ -18,7 +18,7 @@ import zlib
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -45,14 +45,120 @@ def stable_id(obj: Any) -> int:
 
 
 class Node:
-    """A pending IR value: the op that makes a tensor and the values it consumes."""
+    """A pending IR value: the op that makes a tensor and the values it consumes.
 
-    __slots__ = ("hash", "op", "inputs")
+    ``call`` is set only while ops are recorded for a compiler (``RECORD_CALLS``): the op's
+    arguments with each tensor replaced by an :class:`InputRef`, and which output this is.
+    """
 
-    def __init__(self, hash_: int, op: Any, inputs: tuple[Any, ...]) -> None:
+    __slots__ = ("hash", "op", "inputs", "call")
+
+    def __init__(
+        self, hash_: int, op: Any, inputs: tuple[Any, ...], call: RecordedCall | None = None
+    ) -> None:
         self.hash = hash_
         self.op = op
         self.inputs = inputs
+        self.call = call
+
+
+# Switched on by the TPU compiler layer: nodes then keep their op's arguments so the graph can
+# be replayed for the compiler. Off, recording costs nothing.
+RECORD_CALLS = False
+
+
+class InputRef:
+    """A tensor argument of a recorded op: its position in ``Node.inputs``; for device data
+    also the tensor (weakly: identity decides buffer donation) and its sharding then."""
+
+    __slots__ = ("index", "tensor", "sharding")
+
+    def __init__(self, index: int, tensor: Any = None, sharding: Any = None) -> None:
+        self.index = index
+        self.tensor = tensor
+        self.sharding = sharding
+
+
+@dataclass(frozen=True)
+class RecordedCall:
+    """One op call as recorded for one of its outputs (``index``); the outputs of one call
+    share the same ``args`` tuple, which is how a replay runs the op once."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    index: int
+
+
+class CompileError(RuntimeError):
+    """A graph the real compiler rejected (e.g. one that does not fit a chip's HBM).
+
+    The message is the compiler's status message without its code, as torch_xla 2.9 passes it
+    on.  torch_xla raises it as ``RuntimeError`` from the aten ops that materialize a tensor
+    (``.cpu()``, ``.item()``, printing) and as ``ValueError`` from its pybind functions
+    (``torch_xla.sync()``, ``xm.mark_step()``): the simulated surface converts it there.
+    """
+
+
+class GraphCompiler(Protocol):
+    """A real compiler the graphs also go to (implemented by ``runtime.libtpu_compiler``)."""
+
+    def compile_graph(self, tensors: list[Any], key: int, site: str) -> CompiledGraph:
+        """Compiles the graph materializing ``tensors`` unless graph ``key`` was compiled
+        already; raises the compiler's error (e.g. a graph that does not fit)."""
+        ...
+
+
+@dataclass(frozen=True)
+class CompiledGraph:
+    """A real compiler's figures for one graph, per device (one device per chip on v4, v5e,
+    v5p and v6e; two per chip on v2, v3 and v7x, each with half the chip's HBM)."""
+
+    key: int
+    """The graph hash (what the compile cache is keyed on)."""
+    site: str
+    """The user's line that cut the graph (sync, ``.cpu()``, ``.item()``...)."""
+    argument_bytes: int
+    output_bytes: int
+    alias_bytes: int
+    """Output bytes written over an input buffer (donated parameters, optimizer state)."""
+    temp_bytes: int
+    generated_code_bytes: int
+    flops: float
+    """The compiler's own estimate (``cost_analysis``); it can count a loop body once."""
+    bytes_accessed: float
+    """HBM traffic, the compiler's own estimate."""
+    compile_seconds: float
+    trace_seconds: float
+    """Turning the recorded graph into the compiler's input (replay and lowering)."""
+    peak_flops_per_second: float
+    """The device's share of its chip's peak bf16 FLOP/s (the slice model's figure)."""
+    hbm_bytes_per_second: float
+    """The device's share of its chip's HBM bandwidth."""
+    hbm_bytes: int
+    """HBM of one device."""
+    output_shardings: tuple[OpSharding, ...] = ()
+    """The sharding the compiler's propagation gave each output."""
+
+    @property
+    def peak_bytes(self) -> int:
+        """HBM the program needs at once: its inputs, outputs not written over an input,
+        temporaries and the program itself."""
+        return (
+            self.argument_bytes
+            + self.output_bytes
+            - self.alias_bytes
+            + self.temp_bytes
+            + self.generated_code_bytes
+        )
+
+    @property
+    def step_seconds(self) -> float:
+        """A roofline estimate: the larger of compute time at peak FLOP/s and HBM traffic at
+        peak bandwidth.  A lower bound: no collectives, no slower f32 matmuls, perfect
+        overlap, and the compiler's FLOP count."""
+        return max(
+            self.flops / self.peak_flops_per_second, self.bytes_accessed / self.hbm_bytes_per_second
+        )
 
 
 @dataclass(frozen=True)
@@ -141,6 +247,11 @@ def _user_site() -> str:
     return "<unknown>"
 
 
+def user_site() -> str:
+    """Where the user's code is now (the first frame outside the libraries)."""
+    return _user_site()
+
+
 def _diff(previous: GraphRecord, current: GraphRecord) -> list[str]:
     changes = []
     for i, (old, new) in enumerate(zip(previous.inputs, current.inputs, strict=False)):
@@ -176,6 +287,8 @@ class GraphCache:
         # Tensors that got a pending node; dead references are dropped at the next sync.
         self.pending: list[weakref.ReferenceType[Any]] = []
         self.initialized = False
+        # The real compiler every graph also goes to (``runtime.libtpu_compiler``), if any.
+        self.compiler: GraphCompiler | None = None
 
     # -- persistent cache --------------------------------------------------------------
     def _persistent_dir(self) -> tuple[str | None, bool]:
@@ -243,11 +356,16 @@ class GraphCache:
         return live
 
     def execute(self, tensors: list[Any], *, sync_all: bool, spmd: bool) -> None:
-        """Compiles (or reuses) and "runs" the graph that materializes ``tensors``."""
-        if sync_all:
-            self.pending = []
+        """Compiles (or reuses) and "runs" the graph that materializes ``tensors``.
+
+        With a real compiler attached, a graph it has not compiled yet goes to it first; a
+        compile error (a graph that does not fit) leaves the tensors pending, as a failed
+        sync does in torch_xla.
+        """
         tensors = [t for t in tensors if t._node is not None]
         if not tensors:
+            if sync_all:
+                self.pending = []
             return
         start = time.perf_counter_ns()
         nodes = [t._node for t in tensors]
@@ -255,6 +373,11 @@ class GraphCache:
         metrics = self._metrics
         cached = self._lookup(key)
         site = _user_site()
+        output_shardings = None
+        if self.compiler is not None:
+            output_shardings = self.compiler.compile_graph(tensors, key, site).output_shardings
+        if sync_all:
+            self.pending = []
         record = self.compiled.get(key) if cached else None
         if record is None:
             ops, inputs = _collect(nodes)
@@ -271,7 +394,7 @@ class GraphCache:
         self.last_at_site[site] = record
         record.executions += 1
         if spmd:
-            _settle_output_shardings(tensors)
+            _settle_output_shardings(tensors, output_shardings)
         # The program's outputs become device buffers (or the execution runs out of HBM).
         settle_all(self._hbm, spmd, tensors)
         for t in tensors:
@@ -286,15 +409,24 @@ class GraphCache:
             metrics.add_sample("ExecuteTime", time.perf_counter_ns() - start)
 
 
-def _settle_output_shardings(tensors: list[Any]) -> None:
+def _settle_output_shardings(
+    tensors: list[Any], compiled: tuple[OpSharding, ...] | None = None
+) -> None:
     """Graph outputs of an SPMD program carry the sharding XLA gave them.
 
-    The simulator does not run XLA's sharding propagation; it gives outputs the sharding real
-    torch_xla reports where that can be derived exactly (replicated when nothing upstream is
-    sharded, the input's for elementwise ops, replicated for rank 0). Anything else becomes an
-    ``UnderivedSharding``: computed as replicated, but asking for its spec raises
-    NotImplementedError instead of inventing one. Tensors updated in place keep theirs.
+    When a real compiler compiled the graph, that is its choice (``compiled``, one per
+    output), which is where torch_xla takes it from.  Otherwise the simulator, which does not
+    run XLA's sharding propagation, gives outputs the sharding real torch_xla reports where
+    that can be derived exactly (replicated when nothing upstream is sharded, the input's for
+    elementwise ops, replicated for rank 0). Anything else becomes an ``UnderivedSharding``:
+    computed as replicated, but asking for its spec raises NotImplementedError instead of
+    inventing one. Tensors updated in place, or annotated, keep theirs.
     """
+    if compiled is not None:
+        for t, chosen in zip(tensors, compiled, strict=True):
+            if t._sharding is None:
+                t._sharding = TensorSharding(chosen, tuple(t.shape))
+        return
     # One propagation for the whole graph: its outputs share most of their upstream values.
     settle = propagation.Propagation()
     for t in tensors:

@@ -95,7 +95,9 @@ def _exchange(
 
 def all_gather(rt: SimRuntime, value: torch.Tensor) -> list[torch.Tensor]:
     """Every host's ``value`` (same shape and dtype on every host), in host order."""
-    if rt.single_process:
+    if rt.single_process or rt.dry_run:
+        # One process for all hosts, or shape-only values (every host's copy is alike and no
+        # host needs another's).
         return [value] * rt.spec.num_hosts
     link = host_link(rt)
     if link is None:

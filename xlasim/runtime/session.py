@@ -17,12 +17,16 @@ from collections.abc import Iterator
 import torch
 
 from tpu_backend.topology import SliceSpec
-from xlasim.runtime import autocast, state
+from xlasim.runtime import autocast, graph, state
 from xlasim.runtime.client import Client, cpu_client, tpu_client
 from xlasim.runtime.device import check_autograd_engine, ensure_device_guard, release_graph_tasks
+from xlasim.runtime.dry_run import ShapeOnlyFactories
+from xlasim.runtime.run_options import LIBTPU
 from xlasim.runtime.tensor import FACTORY_KERNELS, device_indices, wrap_data, xla_device
 
 _autograd_checked = False
+# The factory redirection of each active dry-run runtime, by id (entered and left with it).
+_dry_run_modes: dict[int, ShapeOnlyFactories] = {}
 
 
 def attach_device(spec: SliceSpec) -> None:
@@ -91,15 +95,29 @@ def _release_graph_tasks_at_exit(spec: SliceSpec, pid: int) -> None:
 
 
 def enter(
-    spec: SliceSpec, host_index: int, spmd: bool = False, single_process: bool = False
+    spec: SliceSpec,
+    host_index: int,
+    spmd: bool = False,
+    single_process: bool = False,
+    *,
+    compiler: str | None = None,
+    dry_run: bool = False,
 ) -> state.SimRuntime:
     """Makes a fresh runtime for host ``host_index`` the active one.
 
     A nested runtime is a process of its own: it starts from the torch_xla variables the
     process had before the outermost simulation (not with the SPMD mode or cache the outer
-    program set); leaving it puts the outer one's back.
+    program set); leaving it puts the outer one's back.  ``compiler`` (checked by
+    ``run_options``) attaches the real compiler every graph also goes to; ``dry_run`` makes
+    values shape-only, CPU-side factories included.
     """
-    runtime = state.SimRuntime(spec, host_index, single_process=single_process)
+    runtime = state.SimRuntime(spec, host_index, single_process=single_process, dry_run=dry_run)
+    if compiler == LIBTPU:
+        # Deferred: the compile layer imports jax, an optional extra that only a simulation
+        # asking for the compiler may load.
+        from xlasim.runtime.libtpu_compiler import LibtpuCompiler
+
+        runtime.graphs.compiler = LibtpuCompiler(spec)
     runtime.save_env()
     outer = state.outermost()
     if outer is not None:
@@ -109,9 +127,23 @@ def enter(
     if spmd:
         os.environ["XLA_USE_SPMD"] = "1"
     state.push(runtime)
+    if dry_run:
+        mode = _dry_run_modes[id(runtime)] = ShapeOnlyFactories()
+        mode.__enter__()
+    _follow(runtime)
     return runtime
 
 
 def leave(runtime: state.SimRuntime) -> None:
+    mode = _dry_run_modes.pop(id(runtime), None)
+    if mode is not None:
+        mode.__exit__(None, None, None)
     state.pop(runtime)
     runtime.restore_env()
+    _follow(state.active())
+
+
+def _follow(runtime: state.SimRuntime | None) -> None:
+    """Process-wide switches follow the active runtime: ops keep their arguments for a
+    compiler only while one is attached (otherwise the dispatcher pays one flag test)."""
+    graph.RECORD_CALLS = runtime is not None and runtime.graphs.compiler is not None

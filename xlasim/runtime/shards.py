@@ -62,8 +62,9 @@ def assemble_from_hosts(
 ) -> torch.Tensor:
     """The global value the devices hold after every host transferred its own copy of
     ``value`` with ``sharding``: each device's shard comes from its owner host's copy."""
-    if rt.client.num_processes == 1 or sharding.is_replicated or sharding.is_manual:
-        # Replicas are host-local copies: a host reads back its own.
+    if rt.client.num_processes == 1 or sharding.is_replicated or sharding.is_manual or rt.dry_run:
+        # Replicas are host-local copies: a host reads back its own (in a dry run, whose
+        # values are shape-only, every copy is alike).
         return value
     copies = hosts.all_gather(rt, value)
     if all(torch.equal(c, value) for c in copies):

@@ -71,6 +71,8 @@ class SimRuntime:
     single_process: bool = False
     """This process stands for every host of the slice: the absent hosts enter the same data
     into their devices as this one does, so no other process is needed."""
+    dry_run: bool = False
+    """Shape-only values (meta tensors): see ``xlasim.runtime.dry_run``."""
     metrics: Metrics = field(default_factory=Metrics)
     graphs: GraphCache = field(init=False)
     generator: torch.Generator = field(init=False)

@@ -14,11 +14,12 @@ from typing import Any
 
 import torch
 
+from xlasim.runtime import dry_run, memory
 from xlasim.runtime import errors as _errors
-from xlasim.runtime import memory
+from xlasim.runtime import graph as _graph
 from xlasim.runtime import state as _runtime
 from xlasim.runtime.device import FactoryKernels, set_wrapper_meta
-from xlasim.runtime.graph import Node, stable_id
+from xlasim.runtime.graph import CompileError, InputRef, Node, RecordedCall, stable_id
 from xlasim.runtime.kernel_inputs import check_cpu_inputs, rules_for
 
 aten = torch.ops.aten
@@ -78,6 +79,8 @@ class XlaSimTensor(torch.Tensor):
 
     def __repr__(self, *, tensor_contents: Any = None) -> Any:  # type: ignore[override]
         materialize([self])
+        if self._elem.is_meta:
+            raise dry_run.needs_values("printing a device tensor")
         # The CPU tensor's text with the device as the first suffix, where torch puts it; the
         # data ends at the last bracket (or, for a 0-dim tensor, at the first suffix).
         body = torch._tensor_str._str(self._elem.detach())[:-1]
@@ -143,6 +146,8 @@ class XlaSimTensor(torch.Tensor):
             if src._node is not None:
                 runtime.graphs.pending.append(weakref.ref(out))
             return out
+        if _graph.RECORD_CALLS:
+            return _run_recorded(info, args, kwargs)
         return _run(info, args, kwargs)
 
 
@@ -318,9 +323,13 @@ def _run(info: _OpInfo, args: Any, kwargs: Any) -> Any:
         out = info.call(*cargs, **kwargs) if kwargs else info.call(*cargs)
     except RuntimeError as exc:
         message = _errors.translate(info.op, tuple(cargs), exc)
-        if message is None:
-            raise
-        raise RuntimeError(message) from None
+        if message is not None:
+            raise RuntimeError(message) from None
+        if runtime.dry_run:
+            shape_only = dry_run.cannot_compute(info.op, exc)
+            if shape_only is not None:
+                raise shape_only from None
+        raise
     base = hash(tuple(parts))
     device = wrappers[0]._device if wrappers else xla_device(runtime.default_device_index)
     pending = runtime.graphs.pending
@@ -380,6 +389,8 @@ def _wrap_output(o, index, func, base, inputs, device, existing, pending, rt):
 
 def _run_op(func: Any, args: Any, kwargs: Any) -> Any:
     """``_run`` for a handler that falls back to the ordinary path."""
+    if _graph.RECORD_CALLS:
+        return _run_recorded(_op_info(func), args, kwargs)
     return _run(_op_info(func), args, kwargs)
 
 
@@ -404,6 +415,37 @@ def device_index(runtime: Any, device: torch.device | None) -> int:
     return index
 
 
+def _run_recorded(info: _OpInfo, args: Any, kwargs: Any) -> Any:
+    """``_run``, keeping the op's arguments on its output nodes so a compiler can replay the
+    graph (only while ``RECORD_CALLS`` is on: it costs a second walk over the arguments).
+
+    Each xla argument becomes an ``InputRef`` to its position in ``Node.inputs``, numbered in
+    the order ``_run`` records them (positional, then keyword arguments); device data also
+    keeps a weak reference to the tensor and the sharding it has now, before the op runs.
+    """
+    count = 0
+
+    def ref(a: Any) -> Any:
+        nonlocal count
+        if type(a) is XlaSimTensor:
+            leaf = weakref.ref(a) if a._node is None else None
+            count += 1
+            return InputRef(count - 1, leaf, a._sharding)
+        if (type(a) is list or type(a) is tuple) and a and isinstance(a[0], torch.Tensor):
+            return type(a)(ref(x) for x in a)  # the lists _run takes tensors from
+        return a
+
+    recorded_args = tuple(ref(a) for a in args)
+    recorded_kwargs = {k: ref(v) for k, v in (kwargs or {}).items()}
+    out = _run(info, args, kwargs)
+    outputs = out if isinstance(out, (tuple, list)) else (out,)
+    for index, o in enumerate(outputs):
+        if type(o) is XlaSimTensor and o._node is not None:
+            # One args tuple for all outputs of the call: a replay runs the op once.
+            o._node.call = RecordedCall(recorded_args, recorded_kwargs, index)
+    return out
+
+
 def wrap_data(
     elem: torch.Tensor, device: torch.device | None, sharding: Any = None, allocate: bool = True
 ) -> XlaSimTensor:
@@ -414,6 +456,8 @@ def wrap_data(
     input sharding lands as shards, never whole on one device first.
     """
     runtime = _runtime.current()
+    if runtime.dry_run:
+        elem = dry_run.shape_only(elem)
     if not runtime.client_initialized:
         runtime.start()  # the first device buffer starts the runtime
     index = device_index(runtime, device)
@@ -455,20 +499,35 @@ def wrap_factory(elem: torch.Tensor, device: torch.device | None) -> XlaSimTenso
     """A tensor made on the device by a factory op: pending IR, like torch_xla's constants."""
     t = wrap_data(elem, device)
     runtime = _runtime.current()
+    call = (
+        RecordedCall((tuple(elem.shape),), {"dtype": elem.dtype}, 0)
+        if _graph.RECORD_CALLS
+        else None
+    )
     t._node = Node(
-        hash((stable_id("factory"), tuple(elem.shape), stable_id(elem.dtype))), "aten::empty", ()
+        hash((stable_id("factory"), tuple(elem.shape), stable_id(elem.dtype))),
+        "aten::empty",
+        (),
+        call,
     )
     runtime.graphs.pending.append(weakref.ref(t))
     return t
 
 
-def materialize(tensors: list[XlaSimTensor]) -> None:
-    """Runs the graph needed for ``tensors`` only (what ``_to_cpu`` does in torch_xla)."""
+def materialize(tensors: list[XlaSimTensor], compile_error: type[Exception] = RuntimeError) -> None:
+    """Runs the graph needed for ``tensors`` only (what ``_to_cpu`` does in torch_xla).
+
+    A graph the real compiler rejects raises ``compile_error`` with its message: RuntimeError
+    from aten ops, ValueError from torch_xla's pybind functions.
+    """
     for t in tensors:
         owned(t)
     if any(t._node is not None for t in tensors):
         runtime = _runtime.current()
-        runtime.graphs.execute(tensors, sync_all=False, spmd=runtime.spmd)
+        try:
+            runtime.graphs.execute(tensors, sync_all=False, spmd=runtime.spmd)
+        except CompileError as exc:
+            raise compile_error(str(exc)) from None
 
 
 def _to_device_target(kwargs: dict[str, Any]) -> torch.device | None:
@@ -484,6 +543,8 @@ def _to_copy(func, args, kwargs):
         # Device to host: runs the pending graph first, then transfers.
         runtime = _runtime.current()
         materialize([src])
+        if runtime.dry_run:
+            raise dry_run.needs_values(f"copying a device tensor to {target.type}")
         start = time.perf_counter_ns()
         out = aten._to_copy.default(src._elem, **cpu_kwargs)
         if target.type != "cpu":
@@ -514,6 +575,8 @@ def _copy_(func, args, kwargs):
         return dst
     if not isinstance(dst, XlaSimTensor):
         materialize([src])
+        if src._elem.is_meta:
+            raise dry_run.needs_values(f"copying a device tensor into a {dst.device.type} tensor")
         dst.copy_(src._elem, **kwargs)
         return dst
     return _run_op(func, args, kwargs)
@@ -523,6 +586,10 @@ def _local_scalar_dense(func, args, kwargs):
     src = args[0]
     runtime = _runtime.current()
     materialize([src])
+    if runtime.dry_run:
+        raise dry_run.needs_values(
+            "reading a device tensor's value (.item(), bool(), int(), float(), an if on it)"
+        )
     # torch_xla has no lowering for it: it is a CPU fallback, counted as such.
     runtime.metrics.inc("aten::_local_scalar_dense")
     start = time.perf_counter_ns()
@@ -586,4 +653,9 @@ def _copy_into(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
     return _copy_(aten.copy_.default, (dst, src), {})
 
 
-FACTORY_KERNELS = FactoryKernels(wrap_factory, _copy_into, reserve_factory)
+def _storage_device() -> torch.device:
+    """Where device tensors keep their values: the CPU, or nowhere (meta) in a dry run."""
+    return dry_run.META if _runtime.current().dry_run else _CPU
+
+
+FACTORY_KERNELS = FactoryKernels(wrap_factory, _copy_into, reserve_factory, _storage_device)

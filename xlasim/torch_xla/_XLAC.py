@@ -19,6 +19,7 @@ import torch
 
 from xlasim.runtime import optimizer_steps, state
 from xlasim.runtime.errors import expected_xla_tensor
+from xlasim.runtime.graph import CompileError
 from xlasim.runtime.memory import reserve, reshard, sent_bytes, settle
 from xlasim.runtime.shards import (
     assemble_from_hosts,
@@ -142,13 +143,18 @@ def _xla_get_spmd_config_is_locked() -> bool:
 def _xla_step_marker(
     device: str = "", devices: Any = (), wait: bool = False, reset_scope: bool = True
 ) -> None:
-    _rt().mark_step()
+    try:
+        _rt().mark_step()
+    except CompileError as exc:
+        # torch_xla turns a failed XLA compile into std::invalid_argument, which pybind11
+        # raises as ValueError (the aten ops that materialize raise it as RuntimeError).
+        raise ValueError(str(exc)) from None
 
 
 def _xla_sync_multi(
     tensors: list[torch.Tensor], devices: Any = (), wait: bool = True, sync_xla_data: bool = True
 ) -> None:
-    materialize([t for t in tensors if isinstance(t, XlaSimTensor)])
+    materialize([t for t in tensors if isinstance(t, XlaSimTensor)], ValueError)
 
 
 def _xla_tensors_from_aten(

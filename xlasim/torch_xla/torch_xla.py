@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch_xla._XLAC as _XLAC
 import torch_xla.core.xla_model as xm
 import torch_xla.distributed.xla_multiprocessing as xmp
 import torch_xla.runtime as xr
@@ -49,7 +50,8 @@ def sync(wait: bool = False, reset_scope: bool = True) -> None:
     Simulated execution finishes before this returns, so ``wait`` changes nothing, and the
     simulator keeps no IR scopes to reset.
     """
-    _runtime.current().mark_step()
+    # Through the pybind entry point, as torch_xla does: a failed compile raises its error type.
+    _XLAC._xla_step_marker()
     xm._run_step_closures()
 
 
