@@ -163,9 +163,13 @@ def test_a_pjrt_cpu_client_is_host_memory_never_refused(monkeypatch):
             xlasim.chip_memory()
         with pytest.raises(RuntimeError, match="UNIMPLEMENTED: GetAllocatorStats"):
             xm.get_memory_info(t.device)
+        with pytest.raises(
+            RuntimeError, match=r"has 8 xla device\(s\), xla:0\.\.xla:7, on the PJRT CPU"
+        ):
+            torch.zeros(1, device="xla:8")
 
 
-def test_exit_after_backward_on_a_cpu_device_beyond_a_tpu_host(tmp_path):
+def test_exit_after_backward_on_a_cpu_device_beyond_a_tpu_host():
     # At exit the simulator waits for autograd's device threads on every device a backward
     # pass used: xla:6 exists on the 8-device CPU client, not on the slice's 4-device host.
     code = (

@@ -399,17 +399,23 @@ def device_index(runtime: Any, device: torch.device | None) -> int:
     if device is None or device.index is None:
         return int(runtime.default_device_index)
     index = device.index
-    count = 1 if runtime.spmd else runtime.client.num_local
+    client = runtime.client
+    count = 1 if runtime.spmd else client.num_local
     if index >= count:
         valid = (
             "xla:0 (one virtual device under SPMD)" if runtime.spmd else f"xla:0..xla:{count - 1}"
+        )
+        where = (
+            runtime.describe()
+            if client.is_tpu
+            else f"the PJRT {client.device_type} client (PJRT_DEVICE, CPU_NUM_DEVICES)"
         )
         raise RuntimeError(
             _errors.with_hint(
                 f"vector::_M_range_check: __n (which is {index}) >= this->size() "
                 f"(which is {count})",
                 f"device xla:{index} does not exist: this process has {count} xla device(s), "
-                f"{valid}, on {runtime.describe()}",
+                f"{valid}, on {where}",
             )
         )
     return index
