@@ -191,6 +191,17 @@ def test_a_missing_command_is_one_line():
     assert out.stderr.strip() == "xlasim run: command not found: 'no-such-program-x'"
 
 
+def test_a_script_that_is_not_executable_is_one_line(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    out = _xlasim_run("--topology", "2x2", "--", str(script))
+    assert out.returncode != 0
+    assert out.stderr.strip() == (
+        f"xlasim run: {str(script)!r} is not executable (a Python script runs as "
+        "`-- python SCRIPT`)"
+    )
+
+
 def test_a_host_index_outside_the_slice_is_refused_before_any_host_starts():
     out = _xlasim_run(
         "--topology", "2x2x2", "--accelerator", "v4", "--host-index", "2", "--", "true"

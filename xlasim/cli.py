@@ -100,6 +100,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return run_hosts(command, envs, echo_all=args.all_output)
     except FileNotFoundError:
         raise SystemExit(f"xlasim run: command not found: {command[0]!r}") from None
+    except PermissionError:
+        hint = " (a Python script runs as `-- python SCRIPT`)" if command[0].endswith(".py") else ""
+        raise SystemExit(f"xlasim run: {command[0]!r} is not executable{hint}") from None
 
 
 def _cmd_describe(args: argparse.Namespace) -> int:
