@@ -16,7 +16,7 @@ import textwrap
 import time
 
 import pytest
-import torch
+from global_batch import eager_sgd
 
 from xlasim import host_launcher
 from xlasim.runtime import hosts
@@ -71,25 +71,6 @@ def _xlasim_run(*args: str, timeout: float = WAIT_S) -> subprocess.CompletedProc
     )
 
 
-def _eager_losses(num_devices: int) -> list[float]:
-    g = torch.Generator().manual_seed(0)
-    x, y = (
-        torch.randn(4 * num_devices, 8, generator=g),
-        torch.randn(4 * num_devices, 1, generator=g),
-    )
-    torch.manual_seed(0)
-    model = torch.nn.Linear(8, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    losses = []
-    for _ in range(2):
-        opt.zero_grad()
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
-
-
 def _losses(lines: list[str], prefix: str) -> list[float]:
     return [float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(prefix)]
 
@@ -104,7 +85,7 @@ def test_run_starts_every_host_and_trains_on_the_global_batch():
     lines = out.stdout.splitlines()
     # only host 0 speaks by default, and it knows it is one of four
     assert [line.split(" step")[0] for line in lines] == ["host 0 of 4"] * 2
-    assert _losses(lines, "host 0 of 4") == pytest.approx(_eager_losses(16), rel=1e-5)
+    assert _losses(lines, "host 0 of 4") == pytest.approx(eager_sgd(16)[0], rel=1e-5)
 
 
 def test_all_output_shows_every_host_prefixed():
@@ -117,7 +98,7 @@ def test_all_output_shows_every_host_prefixed():
     assert all(line.startswith(("[host 0] ", "[host 1] ")) for line in lines), lines
     host0 = _losses([line.removeprefix("[host 0] ") for line in lines], "host 0 of 2")
     host1 = _losses([line.removeprefix("[host 1] ") for line in lines], "host 1 of 2")
-    assert host0 == pytest.approx(_eager_losses(8), rel=1e-5)
+    assert host0 == pytest.approx(eager_sgd(8)[0], rel=1e-5)
     # the hosts run one global program: host 1 computes the same losses, bit for bit
     assert host1 == host0
 
@@ -210,6 +191,17 @@ def test_a_missing_command_is_one_line():
     assert out.stderr.strip() == "xlasim run: command not found: 'no-such-program-x'"
 
 
+def test_a_script_that_is_not_executable_is_one_line(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    out = _xlasim_run("--topology", "2x2", "--", str(script))
+    assert out.returncode != 0
+    assert out.stderr.strip() == (
+        f"xlasim run: {str(script)!r} is not executable (a Python script runs as "
+        "`-- python SCRIPT`)"
+    )
+
+
 def test_a_host_index_outside_the_slice_is_refused_before_any_host_starts():
     out = _xlasim_run(
         "--topology", "2x2x2", "--accelerator", "v4", "--host-index", "2", "--", "true"
@@ -269,18 +261,7 @@ def test_single_process_stands_for_every_host():
     assert [line.split(" step")[0] for line in lines] == ["host 0 of 4"] * 2
     # host 0's quarter of the global batch, entered by all four hosts: the global batch is that
     # quarter four times over, whose mean loss is the quarter's own
-    g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(64, 8, generator=g), torch.randn(64, 1, generator=g)
-    torch.manual_seed(0)
-    model = torch.nn.Linear(8, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    expected = []
-    for _ in range(2):
-        opt.zero_grad()
-        loss = torch.nn.functional.mse_loss(model(x[:16]), y[:16])
-        loss.backward()
-        opt.step()
-        expected.append(loss.item())
+    expected, _ = eager_sgd(16, rows=slice(0, 16))
     assert _losses(lines, "host 0 of 4") == pytest.approx(expected, rel=1e-5)
 
 

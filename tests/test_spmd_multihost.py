@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from global_batch import eager_sgd
 
 ROOT = Path(__file__).resolve().parents[1]
 WAIT_S = 240.0
@@ -118,24 +119,6 @@ def _run_hosts(topology: str, accelerator: str, num_hosts: int) -> list[dict]:
     return results
 
 
-def _eager_reference(n: int) -> tuple[list[float], list[float]]:
-    import torch
-
-    g = torch.Generator().manual_seed(0)
-    x, y = torch.randn(4 * n, 8, generator=g), torch.randn(4 * n, 1, generator=g)
-    torch.manual_seed(0)
-    model = torch.nn.Linear(8, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    losses = []
-    for _ in range(2):
-        opt.zero_grad()
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses, model.weight.detach().flatten().tolist()
-
-
 @pytest.mark.parametrize(
     ("topology", "accelerator", "num_hosts", "num_devices"),
     [("2x2x2", "v4", 2, 8), ("4x4", "v6e", 4, 16)],
@@ -143,7 +126,7 @@ def _eager_reference(n: int) -> tuple[list[float], list[float]]:
 )
 def test_hosts_compute_the_global_step(topology, accelerator, num_hosts, num_devices):
     results = _run_hosts(topology, accelerator, num_hosts)
-    losses, weight = _eager_reference(num_devices)
+    losses, weight = eager_sgd(num_devices)
     per_host = num_devices // num_hosts
     for h, r in enumerate(results):
         assert r["host"] == h

@@ -105,7 +105,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except FileNotFoundError:
         fail("xlasim run", f"command not found: {command[0]!r}")
     except PermissionError:
-        fail("xlasim run", f"command not executable: {command[0]!r}")
+        hint = " (a Python script runs as `-- python SCRIPT`)" if command[0].endswith(".py") else ""
+        fail("xlasim run", f"{command[0]!r} is not executable{hint}")
 
 
 # A slice can have thousands of hosts: the table shows the first and last few, and a list with
