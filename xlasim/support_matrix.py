@@ -368,6 +368,12 @@ def _render_from_code() -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m xlasim.support_matrix", description=__doc__)
     parser.add_argument("action", choices=["record", "write", "check"])
+    parser.add_argument(
+        "--doc",
+        type=Path,
+        default=DOC_FILE,
+        help="the page to write or check (default: docs/support-matrix.md of this checkout)",
+    )
     args = parser.parse_args(argv)
     if args.action == "record":
         NAMES_FILE.write_text(record_names(), encoding="utf-8")
@@ -375,11 +381,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     page = _render_from_code()
     if args.action == "write":
-        DOC_FILE.write_text(page, encoding="utf-8")
-        print(f"wrote {DOC_FILE}")
+        args.doc.write_text(page, encoding="utf-8")
+        print(f"wrote {args.doc}")
         return 0
-    if DOC_FILE.read_text(encoding="utf-8") != page:
-        print(f"{DOC_FILE} is out of date: run `python -m xlasim.support_matrix write`")
+    if args.doc.read_text(encoding="utf-8") != page:
+        print(f"{args.doc} is out of date: run `python -m xlasim.support_matrix write`")
         return 1
     return 0
 

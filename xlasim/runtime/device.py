@@ -11,6 +11,7 @@ kernels for the XLA key are registered from Python while a simulation is active,
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import sys
@@ -70,9 +71,26 @@ def _extension_name(source: str) -> str:
     return f"xlasim_xla_{version}_{digest:08x}"
 
 
+def _cpp_extension() -> Any:
+    """``torch.utils.cpp_extension``, imported quietly.
+
+    On a CUDA build of torch (what ``pip install torch`` gives) on a machine without a GPU,
+    importing it logs "No CUDA runtime is found" at WARNING; the extension built here is
+    CPU-only, so that line would only be noise on every simulated program's stderr.
+    """
+    log = logging.getLogger("torch.utils.cpp_extension")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        # Deferred: only the first simulation of a process needs it, and it is slow to import.
+        from torch.utils import cpp_extension
+    finally:
+        log.setLevel(level)
+    return cpp_extension
+
+
 def _build(name: str, source: str, build_dir: str) -> None:
-    # Deferred with the caller's: cpp_extension is slow to import.
-    from torch.utils import cpp_extension
+    cpp_extension = _cpp_extension()
 
     # torch's own build lock is a plain file that outlives a process killed mid-build and then
     # blocks every later one; the caller holds an OS lock, which dies with its holder, so any
@@ -99,10 +117,10 @@ def ensure_device_guard() -> None:
     with _lock:
         if _guard_ready:
             return
-        # Deferred: only the first simulation of a process builds the extension, and
-        # cpp_extension is slow to import.
+        # Deferred: only the first simulation of a process builds the extension.
         from filelock import FileLock, Timeout
-        from torch.utils import cpp_extension
+
+        cpp_extension = _cpp_extension()
 
         # Built under torch's extension cache (TORCH_EXTENSIONS_DIR to move it).
         source = _source()
