@@ -14,8 +14,11 @@ joined lazily through a TCPStore at ``XLASIM_HOSTS_ADDR`` ('host:port'; host 0 l
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
+import sys
+from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
@@ -45,6 +48,21 @@ def hosts_timeout_s() -> float:
     return env_float(TIMEOUT_ENV, _DEFAULT_TIMEOUT_S)
 
 
+@contextlib.contextmanager
+def _stdout_discarded() -> Iterator[None]:
+    """torch 2.9's gloo prints "[Gloo] Rank N is connected to M peer ranks..." on fd 1 when a
+    group forms: a line no TPU host prints, in the middle of the user's program output."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "wb") as devnull:
+            os.dup2(devnull.fileno(), 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def host_link(rt: SimRuntime) -> HostLink | None:
     """The gloo group of this slice's host processes (None on a single-host slice)."""
     num_hosts = rt.client.num_processes
@@ -67,9 +85,10 @@ def host_link(rt: SimRuntime) -> HostLink | None:
             host, port, num_hosts, is_master=rt.host_index == 0, timeout=timeout,
             wait_for_workers=True,
         )  # fmt: skip
-        group = dist.ProcessGroupGloo(
-            dist.PrefixStore("xlasim_hosts", store), rt.host_index, num_hosts, timeout
-        )
+        with _stdout_discarded():
+            group = dist.ProcessGroupGloo(
+                dist.PrefixStore("xlasim_hosts", store), rt.host_index, num_hosts, timeout
+            )
     except dist.DistError as exc:
         raise TimeoutError(
             f"xlasim: host {rt.host_index} of a {num_hosts}-host slice could not meet the other "
