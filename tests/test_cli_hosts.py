@@ -61,10 +61,13 @@ def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("XLASIM_")}
 
 
-def _xlasim_run(*args: str, timeout: float = WAIT_S) -> subprocess.CompletedProcess[str]:
+def _xlasim_run(
+    *args: str, timeout: float = WAIT_S, **env: str
+) -> subprocess.CompletedProcess[str]:
+    """``xlasim run ARGS`` with the simulator's variables cleared, then ``env`` added."""
     return subprocess.run(
         [sys.executable, "-m", "xlasim", "run", *args],
-        env=_env(),
+        env={**_env(), **env},
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -224,29 +227,22 @@ LONE = textwrap.dedent(
 )
 
 
-def test_a_host_left_alone_stops_within_the_named_bound():
-    env = dict(_env(), XLASIM_HOSTS_TIMEOUT_S="3")
-    out = subprocess.run(
-        [
-            sys.executable, "-m", "xlasim", "run", "--topology", "2x2x2", "--accelerator", "v4",
-            "--", sys.executable, "-c", LONE,
-        ],
-        env=env, capture_output=True, text=True, timeout=WAIT_S,
+def _run_lone(timeout_s: str) -> subprocess.CompletedProcess[str]:
+    return _xlasim_run(
+        "--topology", "2x2x2", "--accelerator", "v4", "--", sys.executable, "-c", LONE,
+        XLASIM_HOSTS_TIMEOUT_S=timeout_s,
     )  # fmt: skip
+
+
+def test_a_host_left_alone_stops_within_the_named_bound():
+    out = _run_lone("3")
     assert out.returncode == 1
     assert "could not meet the other hosts" in out.stderr
     assert "within XLASIM_HOSTS_TIMEOUT_S=3 s" in out.stderr
 
 
 def test_a_bad_hosts_timeout_is_named():
-    env = dict(_env(), XLASIM_HOSTS_TIMEOUT_S="soon")
-    out = subprocess.run(
-        [
-            sys.executable, "-m", "xlasim", "run", "--topology", "2x2x2", "--accelerator", "v4",
-            "--", sys.executable, "-c", LONE,
-        ],
-        env=env, capture_output=True, text=True, timeout=WAIT_S,
-    )  # fmt: skip
+    out = _run_lone("soon")
     # Refused by the launcher itself, before any host process starts: one line, status 2.
     assert out.returncode == 2
     assert out.stderr == (
