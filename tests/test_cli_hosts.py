@@ -267,3 +267,12 @@ def test_single_process_and_host_index_exclude_each_other():
     assert out.stderr.strip() == (
         "xlasim run: --single-process and --host-index exclude each other"
     )
+
+
+def test_many_hosts_are_announced_with_the_single_process_alternative():
+    out = _xlasim_run("--topology", "8x8", "--accelerator", "v6e", "--", "true")
+    assert out.returncode == 0, out.stderr
+    assert out.stderr == (
+        "xlasim run: starting 16 host processes, one per host of v6e-64 (each loads torch); "
+        "--single-process runs one for them all\n"
+    )

@@ -61,6 +61,10 @@ def simulation_env(
     return env
 
 
+# Above this many hosts, starting one process each is worth a word: each holds its own torch.
+_MANY_HOSTS = 8
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     command = list(args.command)
     if command and command[0] == "--":
@@ -77,6 +81,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
         indexes = [0]
     else:
         indexes = list(range(spec.num_hosts))
+        if spec.num_hosts > _MANY_HOSTS:
+            print(
+                f"xlasim run: starting {spec.num_hosts} host processes, one per host of "
+                f"{spec.pod_type} (each loads torch); --single-process runs one for them all",
+                file=sys.stderr,
+            )
     envs = [
         dict(
             os.environ,
