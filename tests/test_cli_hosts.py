@@ -149,6 +149,16 @@ def test_the_first_failing_host_sets_the_exit_code_and_ends_the_others(tmp_path)
     assert _pid_gone(int((tmp_path / "pid0").read_text()))
 
 
+def test_with_all_output_a_failing_host_is_not_repeated(tmp_path):
+    out = _xlasim_run(
+        "--topology", "2x2x2", "--accelerator", "v4", "--all-output",
+        "--", sys.executable, "-c", SLEEPER, str(tmp_path), "1",
+    )  # fmt: skip
+    assert out.returncode == 7
+    assert out.stdout.splitlines().count("[host 1] host 1 gives up") == 1
+    assert "host 1 gives up" not in out.stderr
+
+
 def test_ctrl_c_ends_every_host(tmp_path):
     launcher = subprocess.Popen(
         [

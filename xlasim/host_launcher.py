@@ -119,7 +119,7 @@ def _stop(hosts: Sequence[_Host]) -> None:
             host.reader.join(timeout=STOP_GRACE_S)
 
 
-def _report_failure(host: _Host, total: int, program: str) -> None:
+def _report_failure(host: _Host, total: int, program: str, echoed: bool) -> None:
     rc = host.proc.returncode
     if total == 1:
         # A one-host run passes an exit code through silently, like the shell; a signal is
@@ -132,7 +132,8 @@ def _report_failure(host: _Host, total: int, program: str) -> None:
         "stopping the other hosts",
         file=sys.stderr,
     )
-    if host.reader is not None and host.tail:
+    if host.reader is not None and host.tail and not echoed:
+        # Its output was kept back, so the failure comes with the end of it.
         print(f"xlasim run: the last lines host {host.index} printed:", file=sys.stderr)
         for line in host.tail:
             print(f"[host {host.index}] {line}", file=sys.stderr)
@@ -159,12 +160,13 @@ def run_hosts(
                 if rc != 0:
                     if host.reader is not None:
                         host.reader.join(timeout=STOP_GRACE_S)
-                    _report_failure(host, len(hosts), command[0])
+                    _report_failure(host, len(hosts), command[0], echo_all)
                     _stop(hosts)
                     return exit_code(rc)
             time.sleep(_POLL_S)
     except KeyboardInterrupt:
-        print(f"xlasim run: interrupted; stopping {len(hosts)} hosts", file=sys.stderr)
+        what = f"{len(hosts)} hosts" if len(hosts) > 1 else "the program"
+        print(f"xlasim run: interrupted; stopping {what}", file=sys.stderr)
         _stop(hosts)
         return 130
     for host in hosts:
