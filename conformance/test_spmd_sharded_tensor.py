@@ -11,6 +11,7 @@ import re
 import numpy as np
 import pytest
 import torch
+from messages import torch_xla_message
 
 
 def _spmd_mesh(xla_target):
@@ -184,7 +185,9 @@ def test_wrap_if_sharded_and_clear_sharding(xla_target):
     se = xs.mark_sharding(e, mesh, ("x", "y"))
     assert xs.clear_sharding(se) is e
     assert torch_xla._XLAC._get_xla_sharding_spec(e) == "" and se.sharding_spec == ""
-    with pytest.raises(RuntimeError, match=r"^Expected XLA tensor. Got: torch.FloatTensor$"):
+    with pytest.raises(
+        RuntimeError, match=torch_xla_message("Expected XLA tensor. Got: torch.FloatTensor")
+    ):
         xs.clear_sharding(torch.ones(2))
 
 
