@@ -140,3 +140,12 @@ def test_without_the_variable_nothing_is_activated():
     out = _run_python("import sys; import xlasim; print('torch_xla' in sys.modules)")
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+def test_an_empty_topology_turns_the_simulation_off_whatever_else_is_set():
+    # A simulated Ray node sets XLASIM_ACCELERATOR and XLASIM_HOST_INDEX; a job that runs its
+    # workers as plain hosts sets XLASIM_TOPOLOGY='' in its runtime_env.
+    from xlasim._activation import config_from_env
+
+    env = {"XLASIM_TOPOLOGY": "", "XLASIM_ACCELERATOR": "v6e", "XLASIM_HOST_INDEX": "0"}
+    assert config_from_env(env) is None

@@ -296,9 +296,13 @@ def config_from_env(environ: Any = os.environ) -> dict[str, Any] | None:
     """``simulate()`` arguments from the activation variables, all checked; None when unset.
 
     Empty values count as unset (a Ray ``runtime_env`` expands a missing node variable to '').
+    ``XLASIM_TOPOLOGY`` set to '' turns the simulation off whatever else is set: that is how a
+    job on a simulated cluster runs some workers as plain hosts.
     """
     values = {k: (environ.get(k) or "").strip() for k in ACTIVATION_ENV}
     topology, accelerator, host = (values[k] for k in ACTIVATION_ENV)
+    if "XLASIM_TOPOLOGY" in environ and not topology:
+        return None
     if not topology:
         stray = [f"{k}={v!r}" for k, v in values.items() if v]
         if stray:
