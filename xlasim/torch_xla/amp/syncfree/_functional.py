@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 import torch_xla
 
@@ -38,19 +41,15 @@ def sgd_step(
     params: list[torch.Tensor],
     d_p_list: list[torch.Tensor],
     momentum_buffer_list: list[torch.Tensor | None],
-    *,
-    weight_decay: float,
-    momentum: float,
-    lr: float,
-    dampening: float,
-    nesterov: bool,
-    maximize: bool,
+    group: Mapping[str, Any],
 ) -> None:
-    """Fills ``momentum_buffer_list``'s empty slots with a copy of the gradient first."""
+    """One fused update per parameter with the hyperparameters of its ``torch.optim.SGD``
+    param ``group``; fills ``momentum_buffer_list``'s empty slots with a copy of the gradient
+    first."""
+    hyper = [group[k] for k in ("weight_decay", "momentum", "lr", "dampening", "nesterov")]
     for i, (step, param, d_p) in enumerate(zip(state_steps, params, d_p_list, strict=True)):
         if momentum_buffer_list[i] is None:
             momentum_buffer_list[i] = torch.clone(d_p).detach()
         torch_xla._XLAC._xla_sgd_optimizer_step_(
-            found_inf, step, param, momentum_buffer_list[i], d_p,
-            weight_decay, momentum, lr, dampening, nesterov, maximize,
-        )  # fmt: skip
+            found_inf, step, param, momentum_buffer_list[i], d_p, *hyper, group["maximize"]
+        )

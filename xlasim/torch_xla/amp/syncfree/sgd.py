@@ -31,12 +31,7 @@ class SGD(torch.optim.SGD):
                 params,
                 [g for p in params if (g := p.grad) is not None],
                 buffers,
-                weight_decay=group["weight_decay"],
-                momentum=group["momentum"],
-                lr=group["lr"],
-                dampening=group["dampening"],
-                nesterov=group["nesterov"],
-                maximize=group["maximize"],
+                group,
             )
             for state, buf in zip(states, buffers, strict=True):
                 state["momentum_buffer"] = buf
