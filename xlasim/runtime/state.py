@@ -15,6 +15,7 @@ import torch
 
 from tpu_backend.topology import SliceSpec, tpu_host_env
 from xlasim.runtime.client import Client, client_from_env
+from xlasim.runtime.coordinator import Coordinator
 from xlasim.runtime.graph import GraphCache
 from xlasim.runtime.hbm import HBM
 from xlasim.runtime.metrics import Metrics
@@ -74,6 +75,8 @@ class SimRuntime:
     dry_run: bool = False
     """Shape-only values (meta tensors): see ``xlasim.runtime.dry_run``."""
     metrics: Metrics = field(default_factory=Metrics)
+    coordinator: Coordinator = field(default_factory=Coordinator)
+    """The distributed-runtime coordinator and its preemption sync manager."""
     graphs: GraphCache = field(init=False)
     generator: torch.Generator = field(init=False)
     _client: Client | None = field(default=None, init=False, repr=False)

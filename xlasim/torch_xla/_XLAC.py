@@ -458,7 +458,9 @@ def _load_local_shards(t: Any, shards: Sequence[torch.Tensor], devices: Sequence
     ordinals = [_ordinal(d) for d in devices]
     shards, ordinals = gather_shards(rt, shards, ordinals)
     place_shards(value, sharding, shards, ordinals)
-    x._elem = value
+    # Written into the data in place: every alias of the tensor (a state_dict's detached
+    # entries and the parameters they came from) sees the loaded shards, as in torch_xla.
+    x._elem.detach().copy_(value)
     x._node = None
     settle(rt, x)
 
@@ -564,6 +566,27 @@ class XlaShardingSpec(TensorSharding):
             shape[0] = shape[0] * num_global // num_local
         op = OpSharding(tile_assignment, group_assignment, replication_groups, sharding_type)
         super().__init__(op, shape, minibatch)
+
+
+def _ensure_xla_coordinator_initialized(
+    global_rank: int, world_size: int, master_addr: str, master_port: str = "8547"
+) -> None:
+    # The simulated processes meet through xlasim's own host link, not a coordination
+    # service at master_addr:master_port, so the address is not used.
+    _rt().coordinator.ensure_initialized(int(global_rank), int(world_size))
+
+
+def _activate_preemption_sync_manager() -> None:
+    rt = _rt()
+    rt.coordinator.activate_preemption_sync(processes_share_slice=rt.single_process)
+
+
+def _deactivate_preemption_sync_manager() -> None:
+    _rt().coordinator.deactivate_preemption_sync()
+
+
+def _sync_point_reached(step: int) -> bool:
+    return _rt().coordinator.sync_point_reached(int(step))
 
 
 def __getattr__(name: str) -> Any:
