@@ -123,9 +123,7 @@ def test_sharded_cpu_state_dict(xla_target):
 def process_group(tmp_path):
     import torch.distributed as dist
 
-    dist.init_process_group(
-        "gloo", init_method=f"file://{tmp_path / 'pg'}", world_size=1, rank=0
-    )
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", world_size=1, rank=0)
     yield
     dist.destroy_process_group()
 

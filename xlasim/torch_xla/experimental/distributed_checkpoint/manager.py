@@ -17,15 +17,15 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
-import fsspec
+import fsspec  # type: ignore[import-untyped]
 import torch.distributed as dist
 import torch.distributed.checkpoint as dist_cp
 import torch_xla
 import torch_xla.core.xla_model as xm
 import torch_xla.runtime as xr
-from fsspec.core import url_to_fs
+from fsspec.core import url_to_fs  # type: ignore[import-untyped]
 from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader, FsspecWriter
 
 from ._helpers import _sharded_cpu_state_dict
@@ -132,7 +132,9 @@ class CheckpointManager:
         with self._save_mutex:
             path = self._get_path(step)
             self._delete_chkpt_at_step(step)
-            writer = FsspecWriter(path, thread_count=self.num_of_threads, per_thread_copy_ahead=0)
+            writer = FsspecWriter(
+                path, thread_count=cast(int, self.num_of_threads), per_thread_copy_ahead=0
+            )
             dist_cp.save(
                 state_dict=state_dict,
                 storage_writer=writer,

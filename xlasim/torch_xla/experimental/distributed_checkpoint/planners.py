@@ -12,7 +12,7 @@ import dataclasses
 import io
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch_xla.distributed.spmd as xs
@@ -22,7 +22,12 @@ from torch.distributed.checkpoint.default_planner import (
     create_default_local_load_plan,
     create_default_local_save_plan,
 )
-from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, Metadata, MetadataIndex
+from torch.distributed.checkpoint.metadata import (
+    ChunkStorageMetadata,
+    Metadata,
+    MetadataIndex,
+    TensorStorageMetadata,
+)
 from torch.distributed.checkpoint.planner import (
     LoadPlan,
     LoadPlanner,
@@ -175,10 +180,10 @@ class SPMDSavePlanner(SavePlanner):
             shards = value.local_shards if isinstance(value, XLAShardedTensor) else value.shards
             self._local_shards[index.fqn] = list(shards)
         pending = self._local_shards[index.fqn]
-        shard = pending[index.index]
+        shard = pending[cast(int, index.index)]
         assert shard is not None, f"WriteItem has already been processed: {index}"
         _check_shard_matches(index, shard, "WriteItem")
-        pending[index.index] = None
+        pending[cast(int, index.index)] = None
         return shard.unpadded_data
 
     def transform_object(self, write_item: WriteItem, object: Any) -> Any:
@@ -228,7 +233,8 @@ class SPMDLoadPlanner(LoadPlanner):
                 "_create_xla_read_items only accepts XLAShardedTensor"
             )
             chunks = [_chunk(ind) for ind in _local_shard_indices(value.global_tensor)]
-            stored = self.metadata.state_dict_metadata[fqn]
+            # A tensor in the state_dict is a tensor in the checkpoint (else the read fails).
+            stored = cast(TensorStorageMetadata, self.metadata.state_dict_metadata[fqn])
             plan.items.extend(create_read_items_for_chunk_list(fqn, stored, chunks))
         return plan
 
@@ -255,7 +261,8 @@ class SPMDLoadPlanner(LoadPlanner):
             shards = self.sharded_state_dict[index.fqn].local_shards
             self._local_shards[index.fqn] = shards
             self._pending_elements[index.fqn] = sum(s.unpadded_data.numel() for s in shards)
-        shard = self._local_shards[index.fqn][index.index]
+        # The plan's items always carry their shard's position.
+        shard = self._local_shards[index.fqn][cast(int, index.index)]
         _check_shard_matches(index, shard, "ReadItem")
         # The padded piece: transform_tensor narrows it to the read's region.
         return shard.data
