@@ -19,6 +19,7 @@ from xlasim.runtime.coordinator import Coordinator
 from xlasim.runtime.graph import GraphCache
 from xlasim.runtime.hbm import HBM
 from xlasim.runtime.metrics import Metrics
+from xlasim.runtime.sysenv import env_flag
 
 # Environment variables torch_xla itself reads or writes; saved on activation and restored on
 # deactivation so a simulation never leaks its SPMD mode or cache settings into the caller.
@@ -168,14 +169,6 @@ class SimRuntime:
         # One generator for the whole slice: every device draws the same stream.
         self.rng_seed = int(seed)
         self.generator.manual_seed(self.rng_seed)
-
-
-def env_flag(name: str, default: str = "") -> bool:
-    """How torch_xla reads its on/off environment variables: a positive integer, or 'true'."""
-    value = os.environ.get(name, default)
-    if value.isdigit():
-        return int(value) > 0
-    return value == "true"
 
 
 @dataclass

@@ -132,6 +132,10 @@ class XlaSimTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # type: ignore[override]
+        if len(types) > 1 and any(not issubclass(t, XlaSimTensor) for t in types):
+            # Another tensor subclass is among the arguments (an XLAShardedTensor): its
+            # handler unwraps it and comes back here with xla tensors only.
+            return NotImplemented
         info = _op_info(func)
         if info.handler is not None:
             return info.handler(func, args, kwargs or {})
