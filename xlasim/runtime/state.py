@@ -76,6 +76,8 @@ class SimRuntime:
     dry_run: bool = False
     """Shape-only values (meta tensors): see ``xlasim.runtime.dry_run``."""
     metrics: Metrics = field(default_factory=Metrics)
+    step_barriers: int = 0
+    """How many ``torch_xla.sync()`` step barriers this runtime has passed."""
     coordinator: Coordinator = field(default_factory=Coordinator)
     """The distributed-runtime coordinator and its preemption sync manager."""
     graphs: GraphCache = field(init=False)
@@ -164,6 +166,7 @@ class SimRuntime:
         """A step boundary: every live tensor's pending graph runs (one graph), counted."""
         self.graphs.execute(self.graphs.live_pending(), sync_all=True, spmd=self.spmd)
         self.metrics.inc("MarkStep")
+        self.step_barriers += 1
 
     def manual_seed(self, seed: int) -> None:
         # One generator for the whole slice: every device draws the same stream.
