@@ -93,3 +93,40 @@ def test_sharded_send_cpu_data_to_device(xla_target):
     assert "ShardingSpec: {devices=[4,1]0,1,2,3}\n" in info
     assert "xla::device_data, xla_shape=f32[4,2]{1,0}" in info
     assert "Tensor on host: None\n" in info
+
+
+def test_after_a_step_barrier(xla_target):
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+    import torch_xla.distributed.spmd as xs
+
+    _spmd(xla_target)
+    spec = xs.ShardingSpec(xs.Mesh(np.arange(4), (1, 4)), (0, 1))
+    (moved,) = xm.send_cpu_data_to_device([torch.randn(3, 5)], torch_xla.device(), spec)
+    halved = moved / 0.5
+    tripled = torch.randn(9).to("xla") * 3
+    torch_xla.sync(wait=True)
+
+    def data(shape, sharding):
+        return (
+            f"XLAShardedData: \n  Data Device: SPMD:0\n  Data Shape: {shape}\n"
+            f"  OpSharding: {sharding}\n  NumShards: 4\nTensor on host: None\n}}\n"
+        )
+
+    head = "XLATensor {\nTensorID: N\nAliasID: N\nDevice: SPMD:0\n"
+    tiled = "{devices=[1,4]0,1,2,3}"
+    # graph outputs: plain (sharded) data, no IR value
+    assert _info(halved) == (
+        head + f"XLA Shape: f32[3,5]\nShardingSpec: {tiled}\nIR: None\n" + data("f32[3,5]", tiled)
+    )
+    assert _info(tripled) == (
+        head
+        + "XLA Shape: f32[9]\nShardingSpec: {replicated}\nIR: None\n"
+        + data("f32[9]", "{replicated}")
+    )
+    # sharded data moved from the host keeps its device_data value across the barrier
+    assert _info(moved) == (
+        head + f"XLA Shape: f32[3,5]\nShardingSpec: {tiled}\nIR: [UNKNOWN_SCALAR[]] "
+        "xla::device_data, xla_shape=f32[3,5]{1,0}, dynamic_dims: (), device=SPMD:0\n"
+        + data("f32[3,5]", tiled)
+    )

@@ -33,17 +33,33 @@ def test_moved_data_is_a_device_data_value(xlasim_sim):
     assert met.metric_data("TransferToDeviceTime")[0] == 1
 
 
-def test_unsimulated_states_raise(xlasim_sim):
+def test_a_step_barrier_turns_values_into_plain_data(xlasim_sim):
+    import re
+
     import torch_xla
 
-    t = torch.randn(2, 3).to("xla")
-    pending = t + 1
-    with pytest.raises(NotImplementedError, match="IR text of a pending op .*aten.add.Tensor"):
+    moved = torch.randn(2, 3).to("xla")
+    unused = torch.randn(4).to("xla")
+    pending = moved + 1
+    with pytest.raises(NotImplementedError, match=r"a pending op's IR node .*aten.add.Tensor"):
         _info(pending)
     torch_xla.sync()
-    for synced in (t, pending):
-        with pytest.raises(NotImplementedError, match="passed through a step barrier"):
-            _info(synced)
+    for t, shape in ((pending, "f32[2,3]"), (unused, "f32[4]"), (moved, "f32[2,3]")):
+        body = re.sub(r"Data Handle: \d+", "Data Handle: H", _info(t).split("\n", 3)[3])
+        assert body == (
+            f"Device: TPU:0\nXLA Shape: {shape}\nShardingSpec: None\nIR: None\nXLAData: \n"
+            f"  Data Device: TPU:0\n  Data Shape: {shape}\n  Data Handle: H\n"
+            "Tensor on host: None\n}\n"
+        )
+    handle = re.search(r"Data Handle: (\d+)", _info(pending)).group(1)
+    torch_xla.sync()
+    assert f"Data Handle: {handle}\n" in _info(pending)  # the same data, the same handle
+
+
+def test_factory_results_are_pending_ops(xlasim_sim):
+    # as in torch_xla, a factory's result is an IR value until a sync
+    with pytest.raises(NotImplementedError, match=r"pending op's IR node .*aten.zero_"):
+        _info(torch.zeros(3, device="xla"))
 
 
 def test_cpu_tensor_is_refused(xlasim_sim):

@@ -401,6 +401,7 @@ class GraphCache:
         for t in tensors:
             t._node = None
             t._aliased = False
+            t._computed = True
         # PJRT counts an SPMD (virtual device) program as a replicated execution.
         if spmd:
             metrics.inc("ExecuteReplicated")

@@ -58,7 +58,9 @@ class XlaSimTensor(torch.Tensor):
     is sharded or first used (torch_xla defers the upload for the virtual device)."""
     _uploaded_at: int | None
     """The runtime's step-barrier count when the data was moved from the host (None when the
-    value came otherwise): the tensor's debug text is known only until the next barrier."""
+    value came otherwise): what torch_xla's debug text shows depends on it."""
+    _computed: bool
+    """The data is the output of an executed graph."""
 
     _device: torch.device
     _rt: Any
@@ -76,6 +78,7 @@ class XlaSimTensor(torch.Tensor):
         "_aliased",
         "_on_host",
         "_uploaded_at",
+        "_computed",
         "_device",
         "_rt",
         "_buf",
@@ -193,6 +196,7 @@ def _new(elem: torch.Tensor, device: torch.device, node: Node | None, rt: Any) -
     r._aliased = False
     r._on_host = False
     r._uploaded_at = None
+    r._computed = False
     # torch_xla orders a graph's outputs by tensor creation; so do we.
     r._seq = next(_creation_order)
     return r
@@ -295,6 +299,7 @@ def mark_uploaded(t: Any, rt: Any) -> None:
     """``t``'s data has just been moved from the host to its device(s)."""
     t._on_host = False
     t._uploaded_at = rt.step_barriers
+    t._computed = False
 
 
 def upload_deferred(t: XlaSimTensor, rt: Any) -> None:
@@ -605,7 +610,7 @@ def _copy_(func, args, kwargs):
         dst._node = None
         if runtime.spmd:
             # torch_xla keeps the data on the host until it is sharded or used.
-            dst._on_host = True
+            dst._on_host, dst._computed = True, False
         else:
             runtime.metrics.to_device(_nbytes(dst._elem), start)
             mark_uploaded(dst, runtime)

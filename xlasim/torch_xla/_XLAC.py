@@ -466,6 +466,7 @@ def _load_local_shards(t: Any, shards: Sequence[torch.Tensor], devices: Sequence
     # entries and the parameters they came from) sees the loaded shards, as in torch_xla.
     x._elem.detach().copy_(value)
     x._node = None
+    x._computed, x._uploaded_at = False, None  # debug text of loaded shards: not known
     settle(rt, x)
 
 
