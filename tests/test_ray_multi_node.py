@@ -94,6 +94,8 @@ def test_each_host_is_a_ray_start_with_its_tpu_host_resources_labels_and_env():
         assert argv[1:4] == ["-m", "ray.scripts.scripts", "start"]
         assert _option(argv, "--address") == "10.0.0.1:6380"
         assert "--block" in argv and argv[-1] == "--temp-dir=/tmp/x"
+        # one log monitor per machine, as Ray asks: the first node's
+        assert ("--include-log-monitor=false" in argv) == (plan is not plans[0])
         resources = json.loads(_option(argv, "--resources"))
         assert resources["TPU"] == 4 and resources["accelerator_type:TPU-V6E"] == 1
         # only worker 0 carries the head resource Ray's slice reservation looks for
@@ -311,20 +313,7 @@ def live_cluster():
     address = f"127.0.0.1:{port}"
     head = ray_node.start_node(
         "head",
-        [
-            sys.executable,
-            "-m",
-            "ray.scripts.scripts",
-            "start",
-            "--head",
-            f"--port={port}",
-            f"--temp-dir={temp_dir}",
-            "--num-cpus=0",
-            "--include-dashboard=false",
-            "--disable-usage-stats",
-            "--block",
-            f"--object-store-memory={ray_node.DEFAULT_OBJECT_STORE_BYTES}",
-        ],
+        ray_node.head_command(port, temp_dir),
         env,
         log_dir / "head.log",
         timeout_s=NODE_START_BOUND_S,

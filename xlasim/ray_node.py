@@ -63,6 +63,7 @@ __all__ = [
     "RESERVED_RAY_START_OPTIONS",
     "default_hosts_port",
     "default_slice_name",
+    "head_command",
     "kuberay_worker_groups",
     "node_plans",
     "main",
@@ -156,7 +157,7 @@ def node_plans(
 ) -> list[NodePlan]:
     """The ``ray start`` of every host in ``hosts``; the node rules are ``host_node_args``'s."""
     plans = []
-    for h in hosts:
+    for i, h in enumerate(hosts):
         args = host_node_args(
             spec, h, slice_name, num_cpus=num_cpus, extra_env={HOSTS_PORT_ENV: str(hosts_port)}
         )
@@ -171,6 +172,8 @@ def node_plans(
             f"--labels={_labels_text(args['labels'])}",
             f"--object-store-memory={object_store_memory}",
             "--block",
+            # Ray: one log monitor per machine (each watches the whole session's log files).
+            *(["--include-log-monitor=false"] if i else []),
             *ray_start_args,
         ]
         plans.append(
@@ -184,6 +187,25 @@ def node_plans(
             )
         )
     return plans
+
+
+def head_command(port: int, temp_dir: str | os.PathLike[str], *, num_cpus: float = 0) -> list[str]:
+    """``ray start --head`` of a small cluster to try this on (no dashboard, small object store,
+    no TPU: a real TPU cluster's head usually has none either)."""
+    return [
+        sys.executable,
+        "-m",
+        "ray.scripts.scripts",
+        "start",
+        "--head",
+        f"--port={port}",
+        f"--temp-dir={temp_dir}",
+        f"--num-cpus={num_cpus:g}",
+        "--include-dashboard=false",
+        f"--object-store-memory={DEFAULT_OBJECT_STORE_BYTES}",
+        "--disable-usage-stats",
+        "--block",
+    ]
 
 
 def _labels_text(labels: Mapping[str, str]) -> str:
