@@ -94,6 +94,8 @@ def job_worker_setup() -> None:
     not exist, so it would remove our placement group); this points it at our own.  And
     with no dashboard here its query always fails, and it warns about that every second:
     those warnings are turned off (:func:`fit_with_deadline` does the cleaning instead).
+    On nodes that carry only their slice's exchange port (:data:`HOSTS_PORT_ENV`), it also
+    sets ``XLASIM_HOSTS_ADDR`` to host 0's node address and that port.
     """
     import ray  # deferred: Ray is optional; this runs inside Ray workers only
 
