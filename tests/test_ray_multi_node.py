@@ -172,6 +172,8 @@ def test_kuberay_command_prints_the_snippet_without_a_cluster(capsys):
         (["--topology", "4x4", "--address", "h:1", "--labels=a=b"], "--labels is set by"),
         (["--topology", "4x4", "--address", "h:1", "--frob"], "--frob is neither an option"),
         (["--topology", "4x4", "--address", "h:1", "stray"], "unexpected argument 'stray'"),
+        (["--topology", "4x4", "--address", "h:1", "--hosts-port", "70000"], "port in 1..65535"),
+        (["--topology", "4x4", "--address", "h:1", "--num-cpus-per-host", "-1"], "CPUs >= 0"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2_before_anything_starts(args, message, capsys):

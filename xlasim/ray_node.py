@@ -44,7 +44,6 @@ from xlasim.arguments import (
     OneLineErrorParser,
     fail,
     positive_float,
-    positive_int,
     reject_dash_topologies,
 )
 from xlasim.ray_cluster import (
@@ -405,6 +404,22 @@ def running_nodes(
 _PROG = "xlasim ray-node"
 
 
+def _port(text: str) -> int:
+    if not (text.isascii() and text.isdigit() and 0 < int(text) < 2**16):
+        raise argparse.ArgumentTypeError(f"{text!r} is not valid: expected a port in 1..65535")
+    return int(text)
+
+
+def _cpus(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not valid: expected a number of CPUs >= 0")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = OneLineErrorParser(
         prog=_PROG,
@@ -431,14 +446,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--hosts-port",
-        type=positive_int,
+        type=_port,
         default=None,
         help="port simulated host 0 listens on for the hosts' data exchange, the same on every "
         "machine of the slice (default: derived from the slice name)",
     )
     parser.add_argument(
         "--num-cpus-per-host",
-        type=positive_float,
+        type=_cpus,
         default=1.0,
         help="logical CPUs each host's node advertises to Ray (default 1)",
     )
