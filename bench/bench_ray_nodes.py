@@ -159,7 +159,11 @@ def main() -> None:
         for machines in (int(m) for m in args.machines.split(",")):
             if machines > hosts:
                 continue
-            r = measure(machines, hosts)
+            try:
+                r = measure(machines, hosts)
+            except (RuntimeError, TimeoutError) as exc:
+                print(f"{machines:>8} {hosts:>5} failed: {str(exc).splitlines()[-1]}", flush=True)
+                continue
             rows.append(r)
             per_machine = " ".join(f"{m:.0f}" for m in r["machine_rss_mib"])  # type: ignore[attr-defined]
             print(

@@ -209,6 +209,27 @@ def test_runtime_env_hook_adds_the_simulation_to_the_drivers_runtime_env():
         ray_node.with_simulation({"worker_process_setup_hook": "mine.hook"})
 
 
+def test_a_node_that_exits_before_joining_is_retried_once_then_named(tmp_path):
+    failing = [sys.executable, "-c", "print('no cluster here'); raise SystemExit(3)"]
+    plan = ray_node.NodePlan(2, {}, {}, {}, 1, argv=failing)
+    said: list[str] = []
+    with (
+        pytest.raises(RuntimeError, match=r"host 2: `ray start` exited with status 3") as exc,
+        ray_node.running_nodes([plan], tmp_path, timeout_s=120, say=said.append),
+    ):
+        pass
+    assert "no cluster here" in str(exc.value)  # its last lines come with the error
+    assert len(said) == 1 and "retrying" in said[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["host2-1.log", "host2-2.log"]
+
+
+def test_a_node_that_never_joins_trips_the_named_bound_and_is_stopped(tmp_path):
+    hanging = [sys.executable, "-c", "import time; time.sleep(600)"]
+    with pytest.raises(TimeoutError, match=r"did not join the cluster within 1s") as exc:
+        ray_node.start_node("host 0", hanging, os.environ, tmp_path / "h.log", timeout_s=1)
+    assert "load average" in str(exc.value) or "CPUs" in str(exc.value)
+
+
 # -- a live cluster: a head and two `xlasim ray-node` machines ---------------------------------
 
 

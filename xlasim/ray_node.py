@@ -363,6 +363,36 @@ def _signal_group(node: NodeProcess, sig: signal.Signals) -> None:
         os.killpg(node.pid, sig)
 
 
+_START_ATTEMPTS = 2
+
+
+def _start_with_retry(
+    plan: NodePlan,
+    env: Mapping[str, str],
+    log_dir: Path,
+    deadline: float,
+    say: Callable[[str], None],
+) -> NodeProcess:
+    """A node whose `ray start` gave up (Ray's fixed start-up timeout, which a loaded machine
+    can miss) is started once more, within the same overall deadline."""
+    attempt = 1
+    while True:
+        try:
+            return start_node(
+                f"host {plan.host_index}",
+                plan.argv,
+                env,
+                log_dir / f"host{plan.host_index}-{attempt}.log",
+                timeout_s=max(deadline - time.monotonic(), 0.0),
+            )
+        except RuntimeError as exc:
+            if attempt == _START_ATTEMPTS or time.monotonic() >= deadline:
+                raise
+            last = exc.args[0].splitlines()[-1] if exc.args else ""
+            say(f"host {plan.host_index}: `ray start` failed ({last}; {machine_load()}); retrying")
+            attempt += 1
+
+
 @contextlib.contextmanager
 def running_nodes(
     plans: Sequence[NodePlan],
@@ -385,13 +415,7 @@ def running_nodes(
                     f"only {len(nodes)} of {len(plans)} hosts' Ray nodes started within "
                     f"{timeout_s:g}s ({machine_load()})"
                 )
-            node = start_node(
-                f"host {plan.host_index}",
-                plan.argv,
-                env,
-                log_dir / f"host{plan.host_index}.log",
-                timeout_s=remaining,
-            )
+            node = _start_with_retry(plan, env, log_dir, t0 + timeout_s, say)
             nodes.append(node)
             say(f"host {plan.host_index} joined (pid {node.pid}, {time.monotonic() - t0:.1f}s)")
         yield nodes
