@@ -49,7 +49,11 @@ def main() -> None:
     faults = args.fault or list(FAULTS)
     results = []
     with simulated_tpu_cluster(
-        "2x2x2", "v4", startup_timeout_s=180, driver_log_level=logging.WARNING
+        "2x2x2",
+        "v4",
+        startup_timeout_s=180,
+        driver_log_level=logging.WARNING,
+        log_to_driver=False,  # the workers' tracebacks would bury the table
     ) as cluster:
         print(f"cluster up in {cluster.startup_s:.1f}s ({machine_load()})", flush=True)
         for fault in faults:

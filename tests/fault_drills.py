@@ -34,7 +34,7 @@ import sockets
 from ray.train import UserCallback
 
 FEATURES = 16
-PAD_FILES = 64
+PAD_FILES = 256
 """Files each host adds to its checkpoint (64 KiB each): the copy into storage takes long
 enough for ``kill_in_save`` to land while it is under way."""
 PAD_BYTES = 64 * 1024
@@ -67,16 +67,28 @@ def _fire_once(out: Path) -> bool:
 
 def _kill_when_copy_starts(storage: Path, host: int, log: Path) -> None:
     """SIGKILL this process as soon as the first of its checkpoint files shows up in storage,
-    i.e. while Ray is still copying the rest."""
+    i.e. while Ray is still copying the rest (``copied`` in the log says how far it got)."""
+    run_dir = storage / "drill"
+    prefix = f"host{host}-pad-"
+
+    def copied_per_dir() -> dict[str, int]:
+        try:
+            return {
+                d.name: sum(1 for f in os.scandir(d.path) if f.name.startswith(prefix))
+                for d in os.scandir(run_dir)
+                if d.name.startswith("checkpoint_")
+            }
+        except FileNotFoundError:  # not created yet
+            return {}
+
+    # This host's files of earlier checkpoints are there already; the other hosts may have
+    # created this one's directory already.
+    earlier = {name for name, count in copied_per_dir().items() if count}
     deadline = time.monotonic() + 120.0
     while time.monotonic() < deadline:
-        for pad in storage.rglob(f"host{host}-pad-*"):
-            if "checkpoint" in str(pad.parent.name):
-                copied = len(list(pad.parent.glob(f"host{host}-pad-*")))
-                _append(
-                    log,
-                    {"event": "fault", "t": time.time(), "copied": copied, "dir": pad.parent.name},
-                )
+        for name, copied in copied_per_dir().items():
+            if name not in earlier and copied:
+                _append(log, {"event": "fault", "t": time.time(), "copied": copied})
                 os.kill(os.getpid(), 9)
         time.sleep(0.001)
 
