@@ -76,7 +76,7 @@ def _kill_when_copy_starts(storage: Path, host: int, log: Path) -> None:
             return {
                 d.name: sum(1 for f in os.scandir(d.path) if f.name.startswith(prefix))
                 for d in os.scandir(run_dir)
-                if d.name.startswith("checkpoint_")
+                if d.name.startswith("checkpoint_") and d.is_dir()
             }
         except FileNotFoundError:  # not created yet
             return {}
