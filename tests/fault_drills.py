@@ -4,12 +4,14 @@ One training loop (:func:`drill_loop`) runs on every host of the slice: a linear
 simulated TPU, a fresh host-entered batch sharded over the hosts every step (the simulated
 hosts' data exchange), a ``dist.all_reduce`` over the backend's gloo group, and a checkpoint
 every ``ckpt_every`` steps written by every host.  One host injects one fault at one step, once
-per drill (a marker file keeps the retry clean):
+per drill (a marker file keeps the retry clean), once the controller has registered the
+checkpoint before that step (so what a retry resumes from does not depend on its polling):
 
 * ``kill``: the host's worker process SIGKILLs itself;
 * ``raise``: the training loop raises;
 * ``hang_exchange`` / ``hang_all_reduce``: the host sleeps "forever" just before the hosts'
   data exchange / the all-reduce, so the other hosts wait in it;
+* ``kill_coordinator``: as ``kill``, on host 0, which runs the stores the hosts meet at;
 * ``kill_in_save``: the host SIGKILLs itself while ``ray.train.report(checkpoint=...)`` copies
   its checkpoint files into storage.
 
@@ -142,6 +144,7 @@ def _read_checkpoint(path: Path, num_hosts: int) -> tuple[int, Any]:
 
 def drill_loop(config: dict[str, Any]) -> None:
     """The training function of every host (see the module docstring)."""
+    # Imported on the worker, where torch_xla is the simulator.
     import ray.train
     import torch
 
