@@ -270,3 +270,43 @@ def test_import_is_light():
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )
     assert out.stdout.strip() == ""
+
+
+def _gloo_pair(timeout_s: float):
+    import datetime
+    import threading
+
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=timeout_s)
+    master = dist.TCPStore("127.0.0.1", 0, 2, is_master=True, wait_for_workers=False)
+    other = dist.TCPStore("127.0.0.1", master.port, 2, is_master=False)
+    groups = {}
+    joiner = threading.Thread(
+        target=lambda: groups.update({1: dist.ProcessGroupGloo(other, 1, 2, timeout)})
+    )
+    joiner.start()
+    groups[0] = dist.ProcessGroupGloo(master, 0, 2, timeout)
+    joiner.join(timeout=60)
+    assert 1 in groups, "the second gloo rank did not join within 60 s"
+    return groups
+
+
+def test_a_collective_timeout_names_the_setting_that_bounds_it():
+    import torch
+
+    groups = _gloo_pair(timeout_s=1)
+    context = TPUTorchConfig(timeout_s=1).train_func_context
+    # rank 1 never joins the all-reduce: gloo gives up after the group's timeout
+    with pytest.raises(RuntimeError) as info, context():
+        groups[0].allreduce([torch.ones(1)]).wait()
+    text = str(info.value)
+    assert "Timed out waiting 1000ms for recv operation" in text  # gloo's own words first
+    assert "waited TPUTorchConfig(timeout_s=1) seconds for a host that did not join" in text
+
+
+def test_other_errors_of_the_training_function_pass_unchanged():
+    with pytest.raises(ValueError, match=r"^bad batch$"), TPUTorchConfig().train_func_context():
+        raise ValueError("bad batch")
+    with pytest.raises(RuntimeError, match=r"^boom$"), TPUTorchConfig().train_func_context():
+        raise RuntimeError("boom")

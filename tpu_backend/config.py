@@ -17,9 +17,12 @@ config alone) and :meth:`TPUTorchConfig.resolve` (the config against the slice a
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 import math
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +49,29 @@ logger = logging.getLogger(__name__)
 SPMD_PROCESS_GROUP_BACKENDS = ("gloo",)
 SPMD_INIT_METHODS = ("env", "tcp")
 MULTIPROCESS_INIT_METHODS = ("xla",)
+
+
+# What gloo says when one of its collectives waited out the process group's timeout.
+_GLOO_TIMEOUT = re.compile(r"Timed out waiting \d+ms for (send|recv) operation")
+
+
+@contextlib.contextmanager
+def _collective_timeouts_named(timeout_s: int) -> Iterator[None]:
+    """Around the training function: gloo's timeout message gives the bound in ms only; this
+    names the setting it comes from (a host that hangs keeps the others waiting that long)."""
+    try:
+        yield
+    except RuntimeError as exc:
+        if exc.args and isinstance(exc.args[0], str) and _GLOO_TIMEOUT.search(exc.args[0]):
+            # In the message itself (same exception, same type): Ray shows the worker's
+            # message, and Python 3.10 has no exception notes.
+            exc.args = (
+                f"{exc.args[0]}\ntpu_backend: a collective of the run's process group waited "
+                f"TPUTorchConfig(timeout_s={timeout_s}) seconds for a host that did not join "
+                f"it (one that hangs or is stuck elsewhere); that is the bound to change",
+                *exc.args[1:],
+            )
+        raise
 
 
 def _for_mode(name: str, value: str | None, valid: tuple[str, ...], mode: str, hint: str) -> str:
@@ -231,6 +257,10 @@ class TPUTorchConfig(TorchConfig):
     @property
     def backend_cls(self) -> type[TPUXLABackend]:
         return TPUXLABackend
+
+    @property
+    def train_func_context(self) -> Callable[[], contextlib.AbstractContextManager[None]]:
+        return functools.partial(_collective_timeouts_named, self.timeout_s)
 
     @property
     def partitioning_mode(self) -> str:

@@ -9,7 +9,8 @@ from the copy of the host that owns the device -- exactly what the devices of a 
 up holding.
 
 The group is a private ``ProcessGroupGloo`` (the user's default process group is untouched),
-joined lazily through a TCPStore at ``XLASIM_HOSTS_ADDR`` ('host:port'; host 0 listens).
+joined lazily through a TCPStore at ``XLASIM_HOSTS_ADDR`` ('host:port'; host 0 listens there
+and nowhere else, see :mod:`xlasim.runtime.listeners`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from tpu_backend.topology import tpu_host_env
+from xlasim.runtime import listeners
 from xlasim.runtime.knobs import HOSTS_TIMEOUT_ENV, env_float
 from xlasim.runtime.state import HostLink, SimRuntime
 
@@ -81,13 +83,12 @@ def host_link(rt: SimRuntime) -> HostLink | None:
     timeout_s = hosts_timeout_s()
     timeout = datetime.timedelta(seconds=timeout_s)
     try:
-        store = dist.TCPStore(
-            host, port, num_hosts, is_master=rt.host_index == 0, timeout=timeout,
-            wait_for_workers=True,
-        )  # fmt: skip
+        store = listeners.store(
+            host, port, num_hosts, is_master=rt.host_index == 0, timeout=timeout
+        )
         with _stdout_discarded():
-            group = dist.ProcessGroupGloo(
-                dist.PrefixStore("xlasim_hosts", store), rt.host_index, num_hosts, timeout
+            group = listeners.gloo_group(
+                dist.PrefixStore("xlasim_hosts", store), rt.host_index, num_hosts, timeout, host
             )
     except dist.DistError as exc:
         raise TimeoutError(

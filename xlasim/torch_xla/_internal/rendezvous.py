@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch_xla import runtime as xr
 from torch_xla.utils import utils as xu
 
-from xlasim.runtime import state
+from xlasim.runtime import listeners, state
 
 _store_lock = threading.Lock()
 
@@ -28,7 +28,8 @@ def pjrt_rendezvous_handler(
         # by each simulation, but a listening store must be created once per process.
         store = state.PROCESS.rendezvous_store
         if store is None:
-            store = state.PROCESS.rendezvous_store = dist.TCPStore(
+            # Listening on MASTER_ADDR only: every simulated host runs on this machine.
+            store = state.PROCESS.rendezvous_store = listeners.store(
                 master_ip,
                 master_port,
                 xr.process_count(),
