@@ -100,6 +100,9 @@ jax.config.update("jax_platforms", "cpu")
 # torch_xla 2.9 partitions with GSPMD, and GSPMD shardings take any device order; Shardy (jax's
 # default) would need one mesh for all inputs.
 jax.config.update("jax_use_shardy_partitioner", False)
+# torch_xla keeps int64 tensors as s64 on a TPU (XLA_USE_32BIT_LONG is off by default); jax
+# would narrow them to int32 (with a warning per op) and under-count their bytes.
+jax.config.update("jax_enable_x64", True)
 
 aten = torch.ops.aten
 
