@@ -24,22 +24,18 @@ from __future__ import annotations
 import argparse
 import math
 import resource
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from _models import ResidualMLP
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import xlasim  # noqa: E402
-from _models import ResidualMLP  # noqa: E402
+import xlasim
 
 MIB = 1 << 20
 
@@ -202,8 +198,10 @@ def report(rows: list[dict[str, Any]]) -> None:
             f"{r['sim'] - r['hand']:>9,} {live - r['hand']:>9,}"
         )
     print("\nCompile time (libtpu) and replay/lowering time per graph, seconds, against model size")
-    print(f"{'model':<24} {'slice':<10} {'params':>11} {'compile 1':>10} {'compile 2':>10} "
-          f"{'trace 1':>8} {'trace 2':>8} {'s per 1M params':>16}")
+    print(
+        f"{'model':<24} {'slice':<10} {'params':>11} {'compile 1':>10} {'compile 2':>10} "
+        f"{'trace 1':>8} {'trace 2':>8} {'s per 1M params':>16}"
+    )
     for r in rows:
         case = r["case"]
         c, t = r["compile"], r["trace"]
@@ -222,8 +220,11 @@ def main(argv: list[str] | None = None) -> int:
     for case in cases(args.quick):
         start = time.perf_counter()
         rows.append(run_case(case))
-        print(f"{case.name} on {case.accelerator} {case.topology}: "
-              f"{time.perf_counter() - start:.1f}s", flush=True)
+        print(
+            f"{case.name} on {case.accelerator} {case.topology}: "
+            f"{time.perf_counter() - start:.1f}s",
+            flush=True,
+        )
     report(rows)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"\npeak RSS of this process: {rss:.0f} MiB")

@@ -141,7 +141,9 @@ def main(argv: list[str] | None = None) -> None:
     device = torch_xla.device()
 
     start = time.perf_counter()
-    model = Llama(args.vocab, args.dim, args.layers, args.hidden, args.heads, args.kv_heads, args.seq)
+    model = Llama(
+        args.vocab, args.dim, args.layers, args.hidden, args.heads, args.kv_heads, args.seq
+    )
     model = model.to(torch.bfloat16).to(device)
     built = time.perf_counter() - start
     # FSDP-style: every weight matrix split over all devices along its first dimension; the
