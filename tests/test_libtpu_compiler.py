@@ -88,6 +88,16 @@ def test_lowerings_compute_what_torch_computes():
     )
     for e, r in zip(expected, got, strict=True):
         np.testing.assert_allclose(np.asarray(r), e.numpy().reshape(np.shape(r)), rtol=1e-4)
+    # The backward of slicing and selecting (e.g. rotary embeddings' halves).
+    base, part, row = torch.zeros(3, 10), torch.randn(3, 4, generator=g), torch.randn(10)
+    for op, args in (
+        (aten.slice_scatter.default, (base, part, 1, 5, 9)),
+        (aten.slice_scatter.default, (base, part[:, :2], -1, 0, 4, 2)),
+        (aten.select_scatter.default, (base, row, 0, -1)),
+    ):
+        expected = op(*args)
+        got = aten_to_jax.lower(op)(*(_to_jax(a) for a in args[:2]), *args[2:])
+        np.testing.assert_array_equal(np.asarray(got), expected.numpy())
 
 
 def test_an_op_the_lowering_lacks_fails_at_sync_naming_it():

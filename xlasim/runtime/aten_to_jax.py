@@ -335,7 +335,7 @@ def _slice_scatter(
 @lowers(aten.select_scatter.default)
 def _select_scatter(x: Any, src: Any, dim: int, index: int) -> Any:
     dim %= x.ndim
-    where = [slice(None)] * x.ndim
+    where: list[Any] = [slice(None)] * x.ndim
     where[dim] = index
     return x.at[tuple(where)].set(src.astype(x.dtype))
 
