@@ -75,7 +75,7 @@ class ShapeOnlyFactories(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-# Raised while the simulator itself makes tensors that must be CPU tensors even in a dry run.
+# Above zero while the simulator itself makes tensors that must be CPU tensors even in a dry run.
 _suspended = 0
 
 
