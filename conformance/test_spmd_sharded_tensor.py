@@ -212,3 +212,19 @@ def test_mark_sharding_with_gradients(xla_target):
         match=r"^Partition spec length \(1\) should be equal to the input rank \(2\)\.$",
     ):
         xs.mark_sharding_with_gradients(x, mesh, ("x",))
+
+
+def test_op_mixing_sharded_wrapper_and_plain_xla_tensors(xla_target):
+    import torch_xla.distributed.spmd as xs
+
+    mesh = _spmd_mesh(xla_target)
+    x = _grid(4, 6).to("xla")
+    wrapped = xs.mark_sharding(x, mesh, (0, 1))
+    layer = torch.nn.Linear(6, 3).to("xla")
+    # the plain parameter comes first in addmm's arguments: the wrapper still wins
+    out = layer(wrapped)
+    assert isinstance(out, xs.XLAShardedTensor)
+    assert "XLAShardedTensor" in str(out)
+    plain = layer(x)
+    assert not isinstance(plain, xs.XLAShardedTensor)
+    assert "XLAShardedTensor" not in str(plain)

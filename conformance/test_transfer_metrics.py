@@ -137,3 +137,37 @@ def test_spmd_reads_count_replicate_sharded_data(xla_target):
     assert met.counter_value("ReplicateShardedData") == 2
     assert (sharded + 1).sum().item() == 32.0
     assert met.counter_value("ReplicateShardedData") == 3
+
+
+def test_input_output_alias_count_per_compiled_graph(xla_target):
+    import torch_xla
+    import torch_xla.debug.metrics as met
+
+    dev = torch_xla.device()
+
+    def donors_after(update):
+        # One new graph per case (shapes no other test uses): one sample per compile.
+        torch_xla.sync()
+        met.clear_all()
+        update()
+        torch_xla.sync()
+        return _samples(met, "InputOutputAliasCount")
+
+    a = torch.randn(3, 13).to(dev)
+    b = torch.randn(13).to(dev)
+    c = torch.tensor(2.5, device=dev)
+    # in place at the step barrier: the old buffers go to the outputs
+    assert donors_after(lambda: (a.add_(1), b.mul_(2))) == (1, 2.0)
+    # a rank-0 tensor does not donate its buffer
+    assert donors_after(lambda: c.add_(1)) == (1, 0.0)
+    # an out-of-place result donates nothing (and the sample is still taken)
+    kept = []
+    assert donors_after(lambda: kept.append(torch.randn(17).to(dev) * 2)) == (1, 0.0)
+    # the same graph again is not compiled again: no sample
+    assert donors_after(lambda: (a.add_(1), b.mul_(2))) is None
+    # a sync for a value (not a step barrier) keeps the old buffers
+    met.clear_all()
+    d = torch.randn(19).to(dev)
+    d.add_(1)
+    d.cpu()
+    assert _samples(met, "InputOutputAliasCount") == (1, 0.0)

@@ -1,5 +1,6 @@
 """The ``xlasim`` command: ``run`` a program against a simulated slice, ``describe`` a slice,
-``demo`` a training run through the Ray Train backend."""
+``demo`` a training run through the Ray Train backend, ``ray-node`` some hosts of a slice as
+nodes of an existing Ray cluster."""
 
 from __future__ import annotations
 
@@ -182,6 +183,13 @@ def _cmd_demo(args: argparse.Namespace, rest: Sequence[str]) -> int:
     return int(demo.main(list(rest)) or 0)
 
 
+def _cmd_ray_node(rest: Sequence[str]) -> int:
+    # Deferred: Ray nodes need Ray (the optional `ray` extra).
+    from xlasim import ray_node
+
+    return ray_node.main(list(rest))
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = OneLineErrorParser(
         prog="xlasim", description="Run torch_xla programs against a simulated TPU slice."
@@ -227,6 +235,11 @@ def _parser() -> argparse.ArgumentParser:
     describe.add_argument("--accelerator", default=None)
 
     sub.add_parser("demo", help="train a small model through the Ray Train backend", add_help=False)
+    sub.add_parser(
+        "ray-node",
+        help="start some hosts of a simulated slice as nodes of an existing Ray cluster",
+        add_help=False,
+    )
     return parser
 
 
@@ -234,6 +247,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["demo"]:
         return _cmd_demo(argparse.Namespace(), argv[1:])
+    if argv[:1] == ["ray-node"]:
+        return _cmd_ray_node(argv[1:])
     parser = _parser()
     reject_dash_topologies(parser, argv)
     args = parser.parse_args(argv)

@@ -50,6 +50,7 @@ __all__ = [
     "machine_load",
     "release_placement_groups",
     "error_chain_text",
+    "HOSTS_PORT_ENV",
 ]
 
 DEFAULT_OBJECT_STORE_BYTES = 80 * 1024 * 1024
@@ -78,6 +79,10 @@ _PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
 
 _CLEANER_LOGGER = "ray.train.v2._internal.execution.controller.placement_group_cleaner"
 
+HOSTS_PORT_ENV = "XLASIM_NODE_HOSTS_PORT"
+"""On nodes that know only the port of their slice's host exchange (``xlasim ray-node``: host 0
+may be on another machine); :func:`job_worker_setup` finds host 0's address."""
+
 
 def job_worker_setup() -> None:
     """Runs first in every worker process of a job on a simulated cluster (Ray's
@@ -89,6 +94,8 @@ def job_worker_setup() -> None:
     not exist, so it would remove our placement group); this points it at our own.  And
     with no dashboard here its query always fails, and it warns about that every second:
     those warnings are turned off (:func:`fit_with_deadline` does the cleaning instead).
+    On nodes that carry only their slice's exchange port (:data:`HOSTS_PORT_ENV`), it also
+    sets ``XLASIM_HOSTS_ADDR`` to host 0's node address and that port.
     """
     import ray  # deferred: Ray is optional; this runs inside Ray workers only
 
@@ -96,6 +103,28 @@ def job_worker_setup() -> None:
     if gcs_address:
         os.environ.setdefault("RAY_ADDRESS", gcs_address)
     logging.getLogger(_CLEANER_LOGGER).setLevel(logging.ERROR)
+    _join_hosts_port()
+
+
+def _join_hosts_port() -> None:
+    """``XLASIM_HOSTS_ADDR`` from the node's port and the address of its slice's host-0 node
+    (found by its TPU labels), for nodes that carry only the port."""
+    import ray  # deferred: Ray is optional; this runs inside Ray workers only
+
+    port = os.environ.get(HOSTS_PORT_ENV)
+    slice_name = os.environ.get("TPU_NAME")
+    if not port or not slice_name or os.environ.get("XLASIM_HOSTS_ADDR"):
+        return
+    for node in ray.nodes():
+        labels = node.get("Labels") or {}
+        if (
+            node.get("Alive")
+            and labels.get("ray.io/tpu-slice-name") == slice_name
+            and labels.get("ray.io/tpu-worker-id") == "0"
+        ):
+            os.environ["XLASIM_HOSTS_ADDR"] = f"{node['NodeManagerAddress']}:{port}"
+            return
+    # No host 0 in the cluster: left unset, the simulator names the variable if it is needed.
 
 
 def host_node_args(

@@ -2,8 +2,9 @@
 
 Only the names the simulator can account for honestly are ever created; a name that real
 torch_xla would report but the simulator cannot reproduce (per-op ``xla::*`` lowering counters,
-``CreateXlaTensor``...) is never invented.  Not yet accounted: under SPMD, the upload torch_xla
-defers from ``.to('xla')`` to a tensor's first use records no transfer metrics on the simulator.
+``CreateXlaTensor``...) is never invented.  Not yet accounted: under SPMD, a tensor whose
+upload torch_xla deferred from ``.to('xla')`` and that is still on the host at a sync is
+uploaded by torch_xla then; the simulator records that upload only at the tensor's first use.
 """
 
 from __future__ import annotations

@@ -15,9 +15,11 @@ import torch
 
 from tpu_backend.topology import SliceSpec, tpu_host_env
 from xlasim.runtime.client import Client, client_from_env
+from xlasim.runtime.coordinator import Coordinator
 from xlasim.runtime.graph import GraphCache
 from xlasim.runtime.hbm import HBM
 from xlasim.runtime.metrics import Metrics
+from xlasim.runtime.sysenv import env_flag
 
 # Environment variables torch_xla itself reads or writes; saved on activation and restored on
 # deactivation so a simulation never leaks its SPMD mode or cache settings into the caller.
@@ -74,6 +76,10 @@ class SimRuntime:
     dry_run: bool = False
     """Shape-only values (meta tensors): see ``xlasim.runtime.dry_run``."""
     metrics: Metrics = field(default_factory=Metrics)
+    step_barriers: int = 0
+    """How many ``torch_xla.sync()`` step barriers this runtime has passed."""
+    coordinator: Coordinator = field(default_factory=Coordinator)
+    """The distributed-runtime coordinator and its preemption sync manager."""
     graphs: GraphCache = field(init=False)
     generator: torch.Generator = field(init=False)
     _client: Client | None = field(default=None, init=False, repr=False)
@@ -160,19 +166,12 @@ class SimRuntime:
         """A step boundary: every live tensor's pending graph runs (one graph), counted."""
         self.graphs.execute(self.graphs.live_pending(), sync_all=True, spmd=self.spmd)
         self.metrics.inc("MarkStep")
+        self.step_barriers += 1
 
     def manual_seed(self, seed: int) -> None:
         # One generator for the whole slice: every device draws the same stream.
         self.rng_seed = int(seed)
         self.generator.manual_seed(self.rng_seed)
-
-
-def env_flag(name: str, default: str = "") -> bool:
-    """How torch_xla reads its on/off environment variables: a positive integer, or 'true'."""
-    value = os.environ.get(name, default)
-    if value.isdigit():
-        return int(value) > 0
-    return value == "true"
 
 
 @dataclass

@@ -18,3 +18,11 @@ def env_int(name: str, default: int, environ: Mapping[str, str] = os.environ) ->
     while end < len(digits) and digits[end].isdigit():
         end += 1
     return sign * int(digits[:end]) if end else 0
+
+
+def env_flag(name: str, default: str = "") -> bool:
+    """How torch_xla reads its on/off environment variables: a positive integer, or 'true'."""
+    value = os.environ.get(name, default)
+    if value.isdigit():
+        return int(value) > 0
+    return value == "true"

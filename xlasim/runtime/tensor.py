@@ -53,6 +53,14 @@ class XlaSimTensor(torch.Tensor):
     _seq: int
     _leaf: Any
     _aliased: bool
+    _on_host: bool
+    """Under SPMD, data moved with ``.to('xla')``/``copy_`` stays on the host until the tensor
+    is sharded or first used (torch_xla defers the upload for the virtual device)."""
+    _uploaded_at: int | None
+    """The runtime's step-barrier count when the data was moved from the host (None when the
+    value came otherwise): what torch_xla's debug text shows depends on it."""
+    _computed: bool
+    """The data is the output of an executed graph."""
 
     _device: torch.device
     _rt: Any
@@ -68,6 +76,9 @@ class XlaSimTensor(torch.Tensor):
         "_seq",
         "_leaf",
         "_aliased",
+        "_on_host",
+        "_uploaded_at",
+        "_computed",
         "_device",
         "_rt",
         "_buf",
@@ -132,6 +143,10 @@ class XlaSimTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # type: ignore[override]
+        if len(types) > 1 and any(not issubclass(t, XlaSimTensor) for t in types):
+            # Another tensor subclass is among the arguments (an XLAShardedTensor): its
+            # handler unwraps it and comes back here with xla tensors only.
+            return NotImplemented
         info = _op_info(func)
         if info.handler is not None:
             return info.handler(func, args, kwargs or {})
@@ -179,6 +194,9 @@ def _new(elem: torch.Tensor, device: torch.device, node: Node | None, rt: Any) -
     r._leaf = None
     # True while pending IR updates device data in place (XLA aliases that buffer).
     r._aliased = False
+    r._on_host = False
+    r._uploaded_at = None
+    r._computed = False
     # torch_xla orders a graph's outputs by tensor creation; so do we.
     r._seq = next(_creation_order)
     return r
@@ -279,12 +297,28 @@ def _unwrap_other(
     return a
 
 
+def mark_uploaded(t: Any, rt: Any) -> None:
+    """``t``'s data has just been moved from the host to its device(s)."""
+    t._on_host = False
+    t._uploaded_at = rt.step_barriers
+    t._computed = False
+
+
+def upload_deferred(t: XlaSimTensor, rt: Any) -> None:
+    """The SPMD upload torch_xla deferred from ``.to('xla')`` to the tensor's first use."""
+    start = time.perf_counter_ns()
+    rt.metrics.to_device(memory.sent_bytes(rt, t), start)
+    mark_uploaded(t, rt)
+
+
 def _take(
     t: XlaSimTensor, parts: list[Any], inputs: list[Any], wrappers: list[XlaSimTensor], rt: Any
 ) -> None:
     """Records an xla input: its IR value (pending node or device-data key) and its hash."""
     if t._rt is not rt:
         raise _foreign(t, rt)
+    if t._on_host:
+        upload_deferred(t, rt)
     node = t._node
     if node is None:
         entry = _leaf_entry(t)
@@ -576,9 +610,12 @@ def _copy_(func, args, kwargs):
         start = time.perf_counter_ns()
         dst._elem.copy_(src, **kwargs)
         dst._node = None
-        if not runtime.spmd:
-            # Under SPMD torch_xla keeps the data on the host until it is sharded or used.
+        if runtime.spmd:
+            # torch_xla keeps the data on the host until it is sharded or used.
+            dst._on_host, dst._computed = True, False
+        else:
             runtime.metrics.to_device(_nbytes(dst._elem), start)
+            mark_uploaded(dst, runtime)
         memory.settle(runtime, dst)
         return dst
     if not isinstance(dst, XlaSimTensor):

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from xlasim.runtime import optimizer_steps, state
+from xlasim.runtime.debug_info import tensor_debug_info
 from xlasim.runtime.errors import expected_xla_tensor
 from xlasim.runtime.graph import CompileError
 from xlasim.runtime.memory import reserve, reshard, sent_bytes, settle
@@ -28,7 +29,7 @@ from xlasim.runtime.shards import (
     place_input,
     place_shards,
 )
-from xlasim.runtime.tensor import XlaSimTensor, materialize, wrap_data
+from xlasim.runtime.tensor import XlaSimTensor, mark_uploaded, materialize, wrap_data
 from xlasim.sharding import op_sharding
 from xlasim.sharding.op_sharding import (
     ProtoType,
@@ -173,6 +174,8 @@ def _xla_tensors_from_aten(
         out.append(x)
     if out:  # the whole list is one transfer
         rt.metrics.to_device(sum(sent_bytes(rt, x) for x in out), start)
+    for placed in out:
+        mark_uploaded(placed, rt)
     return out
 
 
@@ -329,6 +332,7 @@ def _xla_mark_sharding(t: Any, sharding: OpSharding) -> None:
     # The data moves to the devices as one buffer per addressable device.
     rt.metrics.inc("CreateDataHandles", len(rt.addressable_device_ids()))
     rt.metrics.to_device(sent_bytes(rt, x), start)
+    mark_uploaded(x, rt)
 
 
 def _set_sharding(x: Any, sharding: TensorSharding) -> None:
@@ -458,8 +462,11 @@ def _load_local_shards(t: Any, shards: Sequence[torch.Tensor], devices: Sequence
     ordinals = [_ordinal(d) for d in devices]
     shards, ordinals = gather_shards(rt, shards, ordinals)
     place_shards(value, sharding, shards, ordinals)
-    x._elem = value
+    # Written into the data in place: every alias of the tensor (a state_dict's detached
+    # entries and the parameters they came from) sees the loaded shards, as in torch_xla.
+    x._elem.detach().copy_(value)
     x._node = None
+    x._computed, x._uploaded_at = False, None  # debug text of loaded shards: not known
     settle(rt, x)
 
 
@@ -564,6 +571,31 @@ class XlaShardingSpec(TensorSharding):
             shape[0] = shape[0] * num_global // num_local
         op = OpSharding(tile_assignment, group_assignment, replication_groups, sharding_type)
         super().__init__(op, shape, minibatch)
+
+
+def _get_xla_tensor_debug_info(t: Any) -> str:
+    return tensor_debug_info(_rt(), xla_tensor(t))
+
+
+def _ensure_xla_coordinator_initialized(
+    global_rank: int, world_size: int, master_addr: str, master_port: str = "8547"
+) -> None:
+    # The simulated processes meet through xlasim's own host link, not a coordination
+    # service at master_addr:master_port, so the address is not used.
+    _rt().coordinator.ensure_initialized(int(global_rank), int(world_size))
+
+
+def _activate_preemption_sync_manager() -> None:
+    rt = _rt()
+    rt.coordinator.activate_preemption_sync(processes_share_slice=rt.single_process)
+
+
+def _deactivate_preemption_sync_manager() -> None:
+    _rt().coordinator.deactivate_preemption_sync()
+
+
+def _sync_point_reached(step: int) -> bool:
+    return _rt().coordinator.sync_point_reached(int(step))
 
 
 def __getattr__(name: str) -> Any:

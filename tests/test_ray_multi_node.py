@@ -1,0 +1,542 @@
+"""Simulated TPU hosts as nodes of a real multi-node Ray cluster (``xlasim ray-node``).
+
+The live tests start what a team's cluster is: a head (``ray start --head``) and two
+``xlasim ray-node`` commands, each its own ``ray start`` worker node on its own ports, as on
+two machines, hosting host 0 and host 1 of one v4-16 slice.  An unchanged driver (only
+``RAY_ADDRESS`` and ``RAY_RUNTIME_ENV_HOOK`` in its environment) trains on it with
+``tpu_backend.TorchTrainer``; then one node's ``ray start`` is killed during a run.  Every wait
+is bounded (the bounds are named below) and every process started here is stopped on every
+exit path, by its process group, never with ``ray stop``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray.train")
+
+import yaml  # noqa: E402  (Ray's own dependency)
+
+from tpu_backend.topology import parse_slice  # noqa: E402
+from xlasim import ray_node  # noqa: E402
+from xlasim.cli import main as xlasim_main  # noqa: E402
+from xlasim.ray_cluster import SIMULATION_RUNTIME_ENV  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# One Ray cluster at a time on this machine: xdist runs the "ray" group on one worker.
+pytestmark = [pytest.mark.timeout(900), pytest.mark.xdist_group("ray")]
+
+NODE_START_BOUND_S = 180.0  # one node joining, on a loaded 2-core machine
+FIT_BOUND_S = 400.0  # one training run, or its failure being noticed
+DRIVER_BOUND_S = FIT_BOUND_S + 120.0  # the driver process: imports, connect, fit, checks
+STOP_BOUND_S = 60.0  # an `xlasim ray-node` stopping its nodes
+
+
+# -- hosts, node plans, the KubeRay snippet: nothing starts --------------------------------------
+
+
+def test_hosts_are_ranges_and_indexes_of_the_slice():
+    spec = parse_slice("8x8", "v6e")  # 16 hosts of 4 chips
+    assert ray_node.parse_hosts("4-7", spec) == [4, 5, 6, 7]
+    assert ray_node.parse_hosts("9,0-1", spec) == [0, 1, 9]
+    assert ray_node.parse_hosts("15", spec) == [15]
+
+
+@pytest.mark.parametrize(
+    "hosts, message",
+    [
+        ("4-16", "host 16 is not in the slice (hosts of v6e-64 are 0-15)"),
+        ("4-6,5", "names host 5 twice"),
+        ("6-4", "range '6-4' is empty"),
+        ("a-b", "'a-b' is not valid"),
+        ("", "'' is not valid"),
+    ],
+)
+def test_bad_hosts_are_named(hosts, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        ray_node.parse_hosts(hosts, parse_slice("8x8", "v6e"))
+
+
+def _plans(hosts, **kw):
+    spec = parse_slice("8x8", "v6e")
+    kw.setdefault("address", "10.0.0.1:6380")
+    kw.setdefault("slice_name", "big")
+    kw.setdefault("hosts_port", 29123)
+    return ray_node.node_plans(spec, hosts, **kw)
+
+
+def _option(argv, name):
+    values = [a.split("=", 1)[1] for a in argv if a.startswith(f"{name}=")]
+    assert len(values) == 1, (name, argv)
+    return values[0]
+
+
+def test_each_host_is_a_ray_start_with_its_tpu_host_resources_labels_and_env():
+    plans = _plans([0, 5], ray_start_args=["--temp-dir=/tmp/x"])
+    for plan, host in zip(plans, [0, 5], strict=True):
+        argv = plan.argv
+        assert argv[1:4] == ["-m", "ray.scripts.scripts", "start"]
+        assert _option(argv, "--address") == "10.0.0.1:6380"
+        assert "--block" in argv and argv[-1] == "--temp-dir=/tmp/x"
+        # one log monitor per machine, as Ray asks: the first node's
+        assert ("--include-log-monitor=false" in argv) == (plan is not plans[0])
+        resources = json.loads(_option(argv, "--resources"))
+        assert resources["TPU"] == 4 and resources["accelerator_type:TPU-V6E"] == 1
+        # only worker 0 carries the head resource Ray's slice reservation looks for
+        assert ("TPU-v6e-64-head" in resources) == (host == 0)
+        labels = dict(kv.split("=") for kv in _option(argv, "--labels").split(","))
+        assert labels == {
+            "ray.io/tpu-slice-name": "big",
+            "ray.io/tpu-worker-id": str(host),
+            "ray.io/tpu-pod-type": "v6e-64",
+            "ray.io/tpu-topology": "8x8",
+        }
+        assert (plan.env["TPU_NAME"], plan.env["TPU_WORKER_ID"]) == ("big", str(host))
+        assert plan.env["XLASIM_NODE_HOST_INDEX"] == str(host)
+        assert plan.env["XLASIM_NODE_HOSTS_PORT"] == "29123"
+        # the activation variables stay off the node (its agents would import torch)
+        assert "XLASIM_TOPOLOGY" not in plan.env
+
+
+def test_the_default_exchange_port_is_the_same_for_a_slice_on_every_machine():
+    a = ray_node.default_hosts_port("xlasim-v6e-64")
+    assert a == ray_node.default_hosts_port("xlasim-v6e-64")
+    assert 20000 <= a < 30000
+    assert a != ray_node.default_hosts_port("xlasim-v6e-64-b")
+
+
+def test_kuberay_snippet_is_one_worker_group_per_host():
+    text = ray_node.kuberay_worker_groups(_plans([4, 5, 6, 7]), slice_name="big", image="img:1")
+    assert "KubeRay v1.5" in text.splitlines()[0]
+    groups = yaml.safe_load(text)["workerGroupSpecs"]
+    assert [g["groupName"] for g in groups] == [f"big-host{h}" for h in (4, 5, 6, 7)]
+    for host, group in zip((4, 5, 6, 7), groups, strict=True):
+        assert (group["replicas"], group["minReplicas"], group["maxReplicas"]) == (1, 1, 1)
+        params = group["rayStartParams"]
+        assert all(isinstance(v, str) for v in params.values())  # KubeRay wants strings
+        assert params["num-cpus"] == "1"
+        # KubeRay hands the value to `ray start` through a shell: a quoted JSON string
+        quoted = params["resources"]
+        assert quoted[0] == quoted[-1] == '"'
+        assert json.loads(quoted[1:-1].replace('\\"', '"')) == {
+            "TPU": 4,
+            "accelerator_type:TPU-V6E": 1,
+        }
+        labels = dict(kv.split("=") for kv in params["labels"].split(","))
+        assert labels["ray.io/tpu-worker-id"] == str(host)
+        assert labels["ray.io/tpu-slice-name"] == "big"
+        (container,) = group["template"]["spec"]["containers"]
+        assert container["image"] == "img:1"
+        env = {e["name"]: e["value"] for e in container["env"]}
+        assert env["TPU_WORKER_ID"] == str(host) and env["TPU_NAME"] == "big"
+        assert (env["TPU_ACCELERATOR_TYPE"], env["TPU_TOPOLOGY"]) == ("v6e-64", "8x8")
+        assert env["XLASIM_NODE_HOST_INDEX"] == str(host)
+        assert env["XLASIM_NODE_HOSTS_PORT"] == "29123"
+        assert "PYTHONPATH" not in env  # a pod's image has the package installed
+
+
+def test_kuberay_command_prints_the_snippet_without_a_cluster(capsys):
+    argv = ["ray-node", "--topology", "2x2x2", "--accelerator", "v4", "--kuberay"]
+    assert xlasim_main(argv) == 0
+    groups = yaml.safe_load(capsys.readouterr().out)["workerGroupSpecs"]
+    assert [g["groupName"] for g in groups] == ["xlasim-v4-16-host0", "xlasim-v4-16-host1"]
+    assert "TPU-v4-16-head" in groups[0]["rayStartParams"]["resources"]
+    assert "TPU-v4-16-head" not in groups[1]["rayStartParams"]["resources"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--topology", "8x8", "--hosts", "4-16", "--address", "h:1"], "host 16 is not in"),
+        (["--topology", "8x8", "--hosts", "4-6,5", "--address", "h:1"], "names host 5 twice"),
+        (["--topology", "8x8", "--hosts", "4-7"], "--address HEAD_IP:PORT"),
+        (["--topology", "8x8x8", "--address", "h:1"], "topology '8x8x8' is 3-D"),
+        (["--topology", "4x4", "--address", "h"], "--address 'h' is not valid"),
+        (["--topology", "4x4", "--address", "h:1", "--resources={}"], "--resources is set by"),
+        (["--topology", "4x4", "--address", "h:1", "--labels=a=b"], "--labels is set by"),
+        (["--topology", "4x4", "--address", "h:1", "--frob"], "--frob is neither an option"),
+        (["--topology", "4x4", "--address", "h:1", "stray"], "unexpected argument 'stray'"),
+        (["--topology", "4x4", "--address", "h:1", "--hosts-port", "70000"], "port in 1..65535"),
+        (["--topology", "4x4", "--address", "h:1", "--num-cpus-per-host", "-1"], "CPUs >= 0"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2_before_anything_starts(args, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        xlasim_main(["ray-node", *args])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("xlasim ray-node: ") and err.count("\n") == 1, err
+    assert message in err
+
+
+def test_an_unreachable_cluster_is_one_line_and_exit_2(capsys):
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        with pytest.raises(SystemExit) as exc:
+            xlasim_main(["ray-node", "--topology", "4x4", "--address", f"127.0.0.1:{port}"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert (
+        err.count("\n") == 1
+        and f"cannot reach the Ray cluster at --address 127.0.0.1:{port}" in err
+    )
+
+
+def test_runtime_env_hook_adds_the_simulation_to_the_drivers_runtime_env():
+    env = ray_node.with_simulation({"env_vars": {"A": "1"}, "pip": ["x"]})
+    assert env["pip"] == ["x"]
+    assert env["env_vars"] == {"A": "1", **SIMULATION_RUNTIME_ENV["env_vars"]}
+    assert env["worker_process_setup_hook"] == "xlasim.ray_cluster.job_worker_setup"
+    assert ray_node.with_simulation(None)["env_vars"] == SIMULATION_RUNTIME_ENV["env_vars"]
+    with pytest.raises(ValueError, match="worker_process_setup_hook='mine.hook'"):
+        ray_node.with_simulation({"worker_process_setup_hook": "mine.hook"})
+
+
+def test_a_node_that_exits_before_joining_is_retried_once_then_named(tmp_path):
+    failing = [sys.executable, "-c", "print('no cluster here'); raise SystemExit(3)"]
+    plan = ray_node.NodePlan(2, {}, {}, {}, 1, argv=failing)
+    said: list[str] = []
+    with (
+        pytest.raises(RuntimeError, match=r"host 2: `ray start` exited with status 3") as exc,
+        ray_node.running_nodes([plan], tmp_path, timeout_s=120, say=said.append),
+    ):
+        pass
+    assert "no cluster here" in str(exc.value)  # its last lines come with the error
+    assert len(said) == 1 and "retrying" in said[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["host2-1.log", "host2-2.log"]
+
+
+def test_a_node_that_never_joins_trips_the_named_bound_and_is_stopped(tmp_path):
+    hanging = [sys.executable, "-c", "import time; time.sleep(600)"]
+    with pytest.raises(TimeoutError, match=r"did not join the cluster within 1s") as exc:
+        ray_node.start_node("host 0", hanging, os.environ, tmp_path / "h.log", timeout_s=1)
+    assert "load average" in str(exc.value) or "CPUs" in str(exc.value)
+
+
+# -- a live cluster: a head and two `xlasim ray-node` machines ---------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Machine:
+    """One `xlasim ray-node` process, standing for one machine of the cluster."""
+
+    hosts: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def node_pids(self) -> dict[int, int]:
+        return {
+            int(h): int(p) for h, p in re.findall(r"host (\d+) joined \(pid (\d+)", self.output())
+        }
+
+
+@dataclass
+class LiveCluster:
+    address: str
+    env: dict[str, str]
+    machines: list[Machine]
+    temp_dir: Path
+
+
+def _wait_for(predicate, bound_s: float, what: str, detail) -> None:
+    deadline = time.monotonic() + bound_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} did not happen within {bound_s:g}s:\n{detail()}")
+        time.sleep(0.5)
+
+
+def _start_machine(hosts: str, cluster_env, address, hosts_port, temp_dir, log_dir) -> Machine:
+    log = log_dir / f"machine-{hosts}.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "xlasim",
+                "ray-node",
+                "--topology",
+                "2x2x2",
+                "--accelerator",
+                "v4",
+                "--hosts",
+                hosts,
+                "--address",
+                address,
+                "--slice-name",
+                "multi",
+                "--hosts-port",
+                str(hosts_port),
+                "--log-dir",
+                str(log_dir / f"nodes-{hosts}"),
+                f"--temp-dir={temp_dir}",
+                "--disable-usage-stats",
+            ],
+            env=cluster_env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    return Machine(hosts, proc, log)
+
+
+def _stop_machine(machine: Machine) -> None:
+    """SIGTERM (it stops its nodes), then whatever is left, by process group."""
+    pids = machine.node_pids()
+    if machine.process.poll() is None:
+        os.kill(machine.process.pid, signal.SIGTERM)
+    try:
+        machine.process.wait(timeout=STOP_BOUND_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(machine.process.pid, signal.SIGKILL)
+        machine.process.wait()
+    for pid in pids.values():
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def live_cluster():
+    # Short: Ray's socket paths under the temp dir have a length limit.
+    temp_dir = Path(tempfile.mkdtemp(prefix="xrn-"))
+    log_dir = temp_dir / "logs"
+    log_dir.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("XLASIM_", "RAY_"))}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    # A cluster of our own, with its own token: no one else's driver or node joins it.
+    env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16))
+    port = _free_port()
+    address = f"127.0.0.1:{port}"
+    head = ray_node.start_node(
+        "head",
+        ray_node.head_command(port, temp_dir),
+        env,
+        log_dir / "head.log",
+        timeout_s=NODE_START_BOUND_S,
+    )
+    machines: list[Machine] = []
+    hosts_port = _free_port()  # the same on both machines: where host 0 listens
+    try:
+        # One machine after the other: each raylet must register within Ray's fixed 30 s.
+        for hosts in ("0", "1"):
+            machine = _start_machine(hosts, env, address, hosts_port, temp_dir, log_dir)
+            machines.append(machine)
+            _wait_for(
+                lambda m=machine: "are Ray nodes of" in m.output() or m.process.poll() is not None,
+                NODE_START_BOUND_S,
+                f"xlasim ray-node --hosts {hosts} joining",
+                machine.output,
+            )
+            assert machine.process.poll() is None, machine.output()
+        yield LiveCluster(address, env, machines, temp_dir)
+    finally:
+        for machine in machines:
+            _stop_machine(machine)
+        ray_node.stop_nodes([head], grace_s=0)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+_DRIVER = r"""
+import json, sys
+import ray
+from ray.train import FailureConfig, RunConfig, ScalingConfig
+
+import tpu_backend
+from xlasim import demo
+from xlasim.ray_cluster import error_chain_text, fit_with_deadline, release_placement_groups
+
+steps, out_dir, storage, bound = int(sys.argv[1]), sys.argv[2], sys.argv[3], float(sys.argv[4])
+ray.init()  # RAY_ADDRESS and RAY_RUNTIME_ENV_HOOK come from the environment
+nodes = [
+    {"labels": n["Labels"], "resources": n["Resources"]} for n in ray.nodes() if n["Alive"]
+]
+trainer = tpu_backend.TorchTrainer(
+    demo.train_loop,
+    train_loop_config={"steps": steps, "batch": 32, "out_dir": out_dir, "report_every": 10**6},
+    scaling_config=ScalingConfig(
+        use_tpu=True, topology="2x2x2", accelerator_type="TPU-V4", num_workers=2
+    ),
+    run_config=RunConfig(
+        name="multi-node", storage_path=storage, failure_config=FailureConfig(max_failures=0)
+    ),
+)
+result = {"nodes": nodes, "error": None}
+try:
+    fit_with_deadline(trainer, bound, release_after=False)
+except Exception as exc:
+    result["error"] = error_chain_text(exc)
+# What Ray Train itself left behind, then what the helper had to release.
+result["placement_groups_left"] = release_placement_groups()
+print("RESULT " + json.dumps(result), flush=True)
+"""
+
+_CHECK = r"""
+import json
+import ray
+from ray._private import state
+
+ray.init()
+pgs = [
+    pg for pg in (ray.util.placement_group_table() or {}).values()
+    if pg.get("state") != "REMOVED"
+]
+actors = [
+    (a.get("ActorClassName") or a.get("Name"), a.get("State"))
+    for a in state.actors().values() if a.get("State") != "DEAD"
+]
+print("CHECK " + json.dumps({"placement_groups": len(pgs), "actors": actors}), flush=True)
+"""
+
+
+def _driver(cluster: LiveCluster, code: str, *args: str, cwd: Path) -> subprocess.Popen[str]:
+    env = dict(
+        cluster.env,
+        RAY_ADDRESS=cluster.address,
+        RAY_RUNTIME_ENV_HOOK="xlasim.ray_node.with_simulation",
+    )
+    return subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        env=env,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def _finish(proc: subprocess.Popen[str], tag: str, bound_s: float) -> dict:
+    try:
+        out, _ = proc.communicate(timeout=bound_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        raise TimeoutError(
+            f"the driver did not finish within {bound_s:g}s:\n{out[-4000:]}"
+        ) from None
+    lines = [line for line in out.splitlines() if line.startswith(tag + " ")]
+    assert proc.returncode == 0 and lines, out[-6000:]
+    return json.loads(lines[-1][len(tag) + 1 :])
+
+
+# Ray Train's one coordinator per cluster (get-or-create, detached): shared by every run.
+_CLUSTER_SINGLETONS = ("_AutoscalingCoordinatorActor",)
+
+
+def _assert_nothing_left(cluster: LiveCluster, cwd: Path) -> None:
+    """No placement group and no actor of a finished run is left (a new driver looks)."""
+    left = _finish(_driver(cluster, _CHECK, cwd=cwd), "CHECK", DRIVER_BOUND_S)
+    assert left["placement_groups"] == 0, left
+    singletons = [a for a in left["actors"] if a[0] in _CLUSTER_SINGLETONS]
+    assert len(singletons) <= 1 and len(left["actors"]) == len(singletons), left
+
+
+def test_an_unchanged_driver_trains_on_hosts_of_two_machines(live_cluster, tmp_path):
+    out_dir = tmp_path / "records"
+    out_dir.mkdir()
+    proc = _driver(
+        live_cluster, _DRIVER, "4", str(out_dir), str(tmp_path / "results"), str(FIT_BOUND_S),
+        cwd=tmp_path,
+    )  # fmt: skip
+    result = _finish(proc, "RESULT", DRIVER_BOUND_S)
+    assert result["error"] is None, result["error"]
+
+    # the nodes Ray sees: a TPU-less head and one node per host, from the two machines
+    tpu_nodes = sorted(
+        (n for n in result["nodes"] if "TPU" in n["resources"]),
+        key=lambda n: n["labels"]["ray.io/tpu-worker-id"],
+    )
+    assert len(result["nodes"]) == 3 and len(tpu_nodes) == 2
+    for host, node in enumerate(tpu_nodes):
+        assert node["labels"]["ray.io/tpu-worker-id"] == str(host)
+        assert node["labels"]["ray.io/tpu-slice-name"] == "multi"
+        assert node["resources"]["TPU"] == 4
+        assert ("TPU-v4-16-head" in node["resources"]) == (host == 0)
+
+    from xlasim import demo
+
+    records = demo.read_records(out_dir)
+    assert [r["host_index"] for r in records] == [0, 1]
+    for r in records:
+        assert r["tpu_worker_id"] == str(r["host_index"])
+        assert (r["process_index"], r["process_count"]) == (r["host_index"], 2)
+        assert (r["global_devices"], r["addressable_devices"]) == (8, 4)
+        assert r["mesh_shape"] == [2, 4] and r["spmd"] is True
+    # one global program on both hosts: the same, decreasing loss
+    losses = records[0]["losses"]
+    assert len(losses) == 4 and records[1]["losses"] == losses
+    assert all(b < a for a, b in zip(losses, losses[1:], strict=False)), losses
+    assert result["placement_groups_left"] == 0
+    _assert_nothing_left(live_cluster, tmp_path)
+
+
+def test_a_killed_node_fails_the_run_clearly_and_leaves_nothing(live_cluster, tmp_path):
+    machine = live_cluster.machines[1]
+    (victim,) = machine.node_pids().values()
+    out_dir = tmp_path / "records"
+    out_dir.mkdir()
+    # A run too long to end by itself: only the failure (or the bound) ends it.
+    proc = _driver(
+        live_cluster, _DRIVER, str(10**7), str(out_dir), str(tmp_path / "results"),
+        str(FIT_BOUND_S), cwd=tmp_path,
+    )  # fmt: skip
+    try:
+        from xlasim import demo
+
+        def both_hosts_training() -> bool:
+            progress = demo.read_progress(out_dir)
+            return all(progress.get(h) and progress[h][-1]["step"] >= 1 for h in (0, 1))
+
+        _wait_for(
+            lambda: both_hosts_training() or proc.poll() is not None,
+            FIT_BOUND_S,
+            "both hosts training",
+            lambda: str(demo.read_progress(out_dir)),
+        )
+        assert proc.poll() is None, proc.communicate()[0][-6000:]
+        os.killpg(victim, signal.SIGKILL)  # host 1's machine is gone
+        killed_at = time.monotonic()
+        result = _finish(proc, "RESULT", DRIVER_BOUND_S)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    error = result["error"]
+    assert error is not None and "did not finish within" not in error, error
+    # Ray Train's own words for a worker whose node is gone
+    assert re.search(r"WorkerHealthCheckFailedError|ActorDiedError|ActorUnavailableError", error)
+    assert "RayTrainWorker" in error, error
+    print(f"run failed {time.monotonic() - killed_at:.1f}s after the node was killed")
+    # Ray Train released the slice itself; and once the driver is gone, nothing of it is left
+    assert result["placement_groups_left"] == 0
+    _assert_nothing_left(live_cluster, tmp_path)
+    # the machine that lost its node says so and exits
+    machine.process.wait(timeout=STOP_BOUND_S)
+    assert machine.process.returncode == 1
+    assert "host 1's Ray node exited" in machine.output()

@@ -1,0 +1,91 @@
+"""``_get_xla_tensor_debug_info``: torch_xla's text dump of one device tensor's state.
+
+The simulator writes it for the states whose text it knows (read from torch_xla 2.9): data
+still on the host (SPMD's deferred upload); data moved from the host, which torch_xla holds
+as a ``device_data`` IR value (outside SPMD until the next step barrier, after which it is
+plain device data; under SPMD for as long as the moved data carries a sharding); and the
+outputs of an executed graph. What a pending op's IR node prints depends on torch_xla's IR
+lowering, which the simulator does not reproduce; that state and the few others whose text
+was not measured raise ``NotImplementedError``. TensorID/AliasID are the simulator's own
+numbering (torch_xla counts every tensor object its C++ makes, in-place results included).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from xlasim.runtime.errors import xla_shape
+
+
+def _layout(t: Any) -> str:
+    # XLA's default layout: minor-to-major, the last dimension fastest; none for a scalar.
+    return "{" + ",".join(str(d) for d in reversed(range(t.dim()))) + "}" if t.dim() else ""
+
+
+def _unknown(what: str) -> NotImplementedError:
+    return NotImplementedError(
+        f"xlasim does not simulate the debug text of {what} "
+        "(torch_xla._XLAC._get_xla_tensor_debug_info)"
+    )
+
+
+def _ir_line(rt: Any, t: Any, device: str, shape: str) -> str:
+    """The tensor's IR value: None once it is plain device data."""
+    if t._on_host or t._computed:
+        return "IR: None"
+    if t._uploaded_at is None:
+        raise _unknown("a tensor made on the device (factory functions, loaded shards)")
+    if rt.spmd:
+        if t._sharding is None and t._uploaded_at != rt.step_barriers:
+            # torch_xla's barrier gives the replicated upload a sharding of its own.
+            raise _unknown("an SPMD tensor uploaded at its first use, after a step barrier")
+    elif t._uploaded_at != rt.step_barriers:
+        return "IR: None"  # the barrier turned the device_data value into plain data
+    return (
+        f"IR: [UNKNOWN_SCALAR[]] xla::device_data, xla_shape={shape}{_layout(t)}, "
+        f"dynamic_dims: (), device={device}"
+    )
+
+
+def _data_lines(rt: Any, t: Any, ir: str, device: str, shape: str) -> list[str]:
+    sharding = t._sharding
+    if rt.spmd and sharding is not None:
+        return [
+            "XLAShardedData: ",
+            f"  Data Device: {device}",
+            f"  Data Shape: {shape}",
+            f"  OpSharding: {sharding.spec_string()}",
+            f"  NumShards: {len(rt.addressable_device_ids())}",
+        ]
+    if t._on_host or ir != "IR: None":
+        return ["XLAData: None"]  # held by the host, or by the device_data IR value
+    if rt.spmd:
+        raise _unknown("an SPMD graph output without a sharding")
+    return [
+        "XLAData: ",
+        f"  Data Device: {device}",
+        f"  Data Shape: {shape}",
+        f"  Data Handle: {id(t._elem)}",  # an opaque number, stable while the data is
+    ]
+
+
+def tensor_debug_info(rt: Any, t: Any) -> str:
+    """The text torch_xla 2.9 returns for ``t``, or NotImplementedError naming the state."""
+    if t._node is not None:
+        raise _unknown(f"a pending op's IR node (the result of {t._node.op})")
+    device = "SPMD:0" if rt.spmd else rt.real_devices()[t._device.index or 0]
+    shape = xla_shape(t)
+    ir = _ir_line(rt, t, device, shape)
+    sharding = t._sharding
+    lines = [
+        "XLATensor {",
+        f"TensorID: {t._seq}",
+        f"AliasID: {t._seq}",
+        f"Device: {device}",
+        f"XLA Shape: {shape}",
+        f"ShardingSpec: {sharding.spec_string() if sharding is not None else 'None'}",
+        ir,
+        *_data_lines(rt, t, ir, device, shape),
+        f"Tensor on host: with size {list(t.shape)}" if t._on_host else "Tensor on host: None",
+    ]
+    return "\n".join(lines) + "\n}\n"

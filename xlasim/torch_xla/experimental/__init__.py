@@ -1,0 +1,1 @@
+"""``torch_xla.experimental`` on the simulator: the simulated submodules live below it."""
