@@ -9,8 +9,10 @@ is the missing-extra error; where it is installed, the same request is accepted.
 from __future__ import annotations
 
 import os
+import resource
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -141,3 +143,29 @@ def test_a_dry_run_program_exits_cleanly_after_backward(tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "meta"  # the dry run is still on
     assert result.stderr == ""
+
+
+def test_xlasim_run_dry_runs_a_llama_step_built_on_cpu_larger_than_this_machine():
+    # bench/dry_run_8b.py is plain torch_xla code: the model is built on the CPU in float32 and
+    # moved with .to(device). With a 8M-token vocabulary it has 8.2B parameters, 33 GB of
+    # float32 before the cast: more than this machine's RAM, so only shapes may exist.
+    root = Path(__file__).resolve().parents[1]
+    dim, hidden, vocab, layers, kv = 512, 1024, 8_000_000, 2, 128
+    per_layer = 2 * dim * dim + 2 * kv * dim + 3 * dim * hidden + 2 * dim
+    expected = 2 * vocab * dim + layers * per_layer + dim
+    assert expected * 4 > 32 * 10**9
+    model = ["--layers", str(layers), "--dim", str(dim), "--hidden", str(hidden)]
+    model += ["--heads", "4", "--kv-heads", "1", "--vocab", str(vocab), "--seq", "32"]
+    command = [sys.executable, "-m", "xlasim", "run", "--topology", "2x2x2", "--accelerator"]
+    command += ["v5p", "--single-process", "--dry-run", "--", sys.executable]
+    command += [str(root / "bench" / "dry_run_8b.py"), *model]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("XLASIM_")}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith(f"{expected:,} parameters, 2 layers"), lines
+    assert lines[0].endswith("8 devices, batch 8 x 32 tokens"), lines
+    assert [line.split(":")[0] for line in lines[1:]] == ["step 0", "step 1"]
+    # The largest child of this process (Linux: kilobytes) held nowhere near the values.
+    assert resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss < 4 * 2**20

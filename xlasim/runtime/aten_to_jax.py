@@ -321,6 +321,25 @@ def _slice(x: Any, dim: int = 0, start: Any = None, end: Any = None, step: int =
     return x[tuple(index)]
 
 
+@lowers(aten.slice_scatter.default)
+def _slice_scatter(
+    x: Any, src: Any, dim: int = 0, start: Any = None, end: Any = None, step: int = 1
+) -> Any:
+    # The backward of slicing: ``src`` written over that slice of ``x``.
+    dim %= x.ndim
+    index = [slice(None)] * x.ndim
+    index[dim] = slice(start, end, step)
+    return x.at[tuple(index)].set(src.astype(x.dtype))
+
+
+@lowers(aten.select_scatter.default)
+def _select_scatter(x: Any, src: Any, dim: int, index: int) -> Any:
+    dim %= x.ndim
+    where: list[Any] = [slice(None)] * x.ndim
+    where[dim] = index
+    return x.at[tuple(where)].set(src.astype(x.dtype))
+
+
 @lowers(aten.cat.default)
 def _cat(tensors: Sequence[Any], dim: int = 0) -> Any:
     tensors = [t for t in tensors if t.size or t.ndim > 1]

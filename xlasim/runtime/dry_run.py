@@ -20,6 +20,8 @@ line.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -73,9 +75,25 @@ class ShapeOnlyFactories(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+# Above zero while the simulator itself makes tensors that must be CPU tensors even in a dry run.
+_suspended = 0
+
+
+@contextlib.contextmanager
+def cpu_factories() -> Iterator[None]:
+    """Factories make CPU tensors again inside: the TPU compiler's replay traces on CPU fake
+    tensors (one device for every value), whatever the program's factories make."""
+    global _suspended
+    _suspended += 1
+    try:
+        yield
+    finally:
+        _suspended -= 1
+
+
 def _dry_run_active() -> bool:
     runtime = state.active()
-    return runtime is not None and runtime.dry_run
+    return runtime is not None and runtime.dry_run and not _suspended
 
 
 def _sized(func: Any, args: Any, kwargs: Any) -> bool:

@@ -39,6 +39,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from tpu_backend.topology import SliceSpec
+from xlasim.runtime import dry_run
 from xlasim.runtime.graph import CompiledGraph, CompileError, InputRef, Node, RecordedCall
 from xlasim.runtime.run_options import REPORT_ENV
 from xlasim.sharding.device_layout import device_attributes
@@ -99,6 +100,9 @@ jax.config.update("jax_platforms", "cpu")
 # torch_xla 2.9 partitions with GSPMD, and GSPMD shardings take any device order; Shardy (jax's
 # default) would need one mesh for all inputs.
 jax.config.update("jax_use_shardy_partitioner", False)
+# torch_xla keeps int64 tensors as s64 on a TPU (XLA_USE_32BIT_LONG is off by default); jax
+# would narrow them to int32 (with a warning per op) and under-count their bytes.
+jax.config.update("jax_enable_x64", True)
 
 aten = torch.ops.aten
 
@@ -363,10 +367,11 @@ def replay(tensors: Sequence[Any]) -> ReplayedGraph:
 
     start = time.perf_counter()
     # Shapes only: fake inputs, so tracing a graph of any size allocates nothing.
-    with FakeTensorMode():
-        fakes = [torch.empty(i.shape, dtype=i.dtype) for i in inputs]
-    decompositions = dict(core_aten_decompositions())
-    module = make_fx(run, decomposition_table=decompositions, tracing_mode="fake")(*fakes)
+    with dry_run.cpu_factories():
+        with FakeTensorMode():
+            fakes = [torch.empty(i.shape, dtype=i.dtype) for i in inputs]
+        decompositions = dict(core_aten_decompositions())
+        module = make_fx(run, decomposition_table=decompositions, tracing_mode="fake")(*fakes)
     return ReplayedGraph(
         module,
         inputs,
@@ -389,9 +394,16 @@ def _refs(args: Any, kwargs: dict[str, Any]) -> list[InputRef]:
     return found
 
 
+_CPU = torch.device("cpu")
+
+
 def _substitute(template: Any, node: Node, value_of: Any) -> Any:
     if isinstance(template, InputRef):
         return value_of(node, template)
+    if isinstance(template, torch.device) and template.type == "xla":
+        # The replay traces on CPU fakes: an op that names the xla device (the backward of a
+        # dtype cast) must not move its result off them.
+        return _CPU
     if isinstance(template, (list, tuple)):
         return type(template)(_substitute(x, node, value_of) for x in template)
     if isinstance(template, dict):

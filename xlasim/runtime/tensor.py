@@ -290,7 +290,9 @@ def _unwrap_other(
         parts.append(_arg_key(a))
         return a
     if isinstance(a, torch.device) and a.type == "xla":
-        return _CPU
+        # Where the values live: an op asked for an xla device (the backward of a dtype cast
+        # names the input's device) runs on the storage, meta in a dry run.
+        return dry_run.META if rt.dry_run else _CPU
     parts.append(_arg_key(a))
     return a
 
