@@ -582,3 +582,28 @@ def test_compiler_option_rejects_a_bad_name(pytester: pytest.Pytester) -> None:
     result = run(pytester, "--xlasim-compiler", "gcc")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--xlasim-compiler: unknown compiler 'gcc'; valid: libtpu, none"])
+
+
+def test_an_eager_backward_before_the_first_simulator_test_does_not_break_it(
+    pytester: pytest.Pytester,
+) -> None:
+    # Autograd fixes its devices at a process's first backward pass; the plugin registers the
+    # simulated device once collection shows a simulator test, so test order does not matter.
+    pytester.makepyfile(
+        test_order="""
+        import torch
+
+        def test_cpu_training_first():
+            w = torch.ones(3, requires_grad=True)
+            (w * 2).sum().backward()
+            assert w.grad.tolist() == [2.0, 2.0, 2.0]
+
+        def test_sim_after(xlasim_sim):
+            import torch_xla
+            w = torch.ones(3, device=torch_xla.device(), requires_grad=True)
+            (w * 3).sum().backward()
+            assert w.grad.cpu().tolist() == [3.0, 3.0, 3.0]
+        """
+    )
+    result = run_sim(pytester, "-p", "no:randomly")
+    result.assert_outcomes(passed=2)

@@ -286,6 +286,27 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.cpu_sim)
 
 
+def _runs_simulated(item: pytest.Item) -> bool:
+    if "xlasim_sim" in getattr(item, "fixturenames", ()):
+        return True
+    callspec = getattr(item, "callspec", None)
+    return callspec is not None and callspec.params.get("xla_target") == "sim"
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # Autograd fixes its set of devices at a process's first backward pass: an eager CPU test
+    # that trains before this process's first simulator test would make that test and every
+    # later one fail, depending on test order (and xdist's distribution). Registering the
+    # simulated device up front makes the order irrelevant. Not where the real torch_xla can be
+    # imported: a test of it in this process registers the real device itself.
+    if session.config.option.collectonly or real_torch_xla_unavailable() is None:
+        return
+    if any(map(_runs_simulated, session.items)):
+        import xlasim  # deferred: the real-target child loads this file without the package
+
+        xlasim.register_xla_device()
+
+
 def _slice_for(node: pytest.Item, config: pytest.Config) -> SliceSpec:
     marker = node.get_closest_marker("topology")
     if marker is None:
