@@ -90,3 +90,31 @@ def test_describe_of_a_huge_slice_skips_the_grid(capsys):
 def test_describe_rejects_an_unknown_accelerator(capsys):
     assert main(["describe", "2x2", "--accelerator", "v9"]) == 2
     assert "'v9'" in capsys.readouterr().err
+
+
+def test_describe_lists_a_generations_standard_slices(capsys):
+    assert main(["describe", "--list", "TPU-V4"]) == 0  # Ray's spelling works too
+    rows = {
+        cells[0]: cells[1:]
+        for line in capsys.readouterr().out.splitlines()
+        if len(cells := [c.strip() for c in line.strip("│ ").split("│")]) == 5
+    }
+    # Google Cloud's v4 slices: 4 chips per host, the pod type counts TensorCores (2 per chip)
+    assert rows["2x2x1"] == ["v4-8", "4", "1", "4"]
+    assert rows["2x2x4"] == ["v4-32", "16", "4", "4"]
+    assert rows["4x4x8"] == ["v4-256", "128", "32", "4"]
+    assert "4x4" not in rows  # a 2-D shape is not a v4 slice
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["describe", "--list", "v9"], "unknown accelerator 'v9'; valid: v2, v3, v4"),
+        (["describe"], "give a topology (e.g. 2x2x2 --accelerator v4) or --list GENERATION"),
+        (["describe", "2x2", "--list", "v6e"], "--list GENERATION takes no topology"),
+    ],
+)
+def test_describe_list_mistakes_are_one_line(capsys, argv, message):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("xlasim describe: ") and message in err and err.count("\n") == 1

@@ -9,10 +9,13 @@ import os
 import sys
 import sysconfig
 from collections.abc import Sequence
+from typing import Any
 
 from tpu_backend.topology import (
     DEFAULT_ACCELERATOR,
+    STANDARD_TOPOLOGIES,
     default_mesh,
+    normalize_accelerator,
     parse_slice,
     tpu_host_env,
 )
@@ -146,6 +149,12 @@ def _cmd_describe(args: argparse.Namespace) -> int:
 
     from xlasim.slice_table import MAX_GRID_CHIPS, chip_grids, slice_table
 
+    if args.list_generation is not None:
+        if args.topology is not None or args.accelerator is not None:
+            raise ValueError("--list GENERATION takes no topology or --accelerator")
+        return _list_generation(args.list_generation, Console())
+    if args.topology is None:
+        raise ValueError("give a topology (e.g. 2x2x2 --accelerator v4) or --list GENERATION")
     spec = parse_slice(args.topology, args.accelerator)
     console = Console()
     console.print(slice_table(spec))
@@ -173,6 +182,27 @@ def _cmd_describe(args: argparse.Namespace) -> int:
         )
     console.print(hosts)
     console.print(f"default SPMD mesh: shape {shape}, axes {axes}")
+    return 0
+
+
+def _list_generation(generation: str, console: Any) -> int:
+    """The standard slices of one generation, smallest first, one row each."""
+    from rich.table import Table  # deferred with the rest of describe's output
+
+    name = normalize_accelerator(generation)
+    table = Table(title=f"standard {name} slices")
+    for column in ("topology", "pod type", "chips", "hosts", "chips per host"):
+        table.add_column(column, justify="left" if column in ("topology", "pod type") else "right")
+    for topology in STANDARD_TOPOLOGIES[name]:
+        spec = parse_slice(topology, name)
+        table.add_row(
+            topology,
+            spec.pod_type,
+            str(spec.num_chips),
+            str(spec.num_hosts),
+            str(spec.chips_per_host),
+        )
+    console.print(table)
     return 0
 
 
@@ -230,9 +260,17 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARGS...]")
 
-    describe = sub.add_parser("describe", help="print a slice as a table")
-    describe.add_argument("topology")
+    describe = sub.add_parser(
+        "describe", help="print a slice as a table, or list a generation's slices (--list v4)"
+    )
+    describe.add_argument("topology", nargs="?")
     describe.add_argument("--accelerator", default=None)
+    describe.add_argument(
+        "--list",
+        metavar="GENERATION",
+        dest="list_generation",
+        help="list the standard slices of a TPU generation (e.g. v4, v5p, v6e) and stop",
+    )
 
     sub.add_parser("demo", help="train a small model through the Ray Train backend", add_help=False)
     sub.add_parser(
