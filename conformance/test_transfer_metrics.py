@@ -10,6 +10,8 @@ one ``CreateCompileHandles``; a short report always lists the ``aten::`` CPU fal
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -171,3 +173,40 @@ def test_input_output_alias_count_per_compiled_graph(xla_target):
     d.add_(1)
     d.cpu()
     assert _samples(met, "InputOutputAliasCount") == (1, 0.0)
+
+
+def test_report_writes_bytes_and_durations_with_units(xla_target):
+    import torch_xla
+    import torch_xla.debug.metrics as met
+
+    met.clear_all()
+    t = torch.ones(300).to(torch_xla.device())  # 1200 bytes each way
+    t.cpu()
+    report = met.metrics_report()
+
+    def accumulator(name: str) -> str:
+        block = report.split(f"Metric: {name}\n", 1)[1]
+        return block.split("Accumulator: ", 1)[1].split("\n", 1)[0]
+
+    assert accumulator("OutboundData") == "1.17KB"
+    assert accumulator("InboundData") == "1.17KB"
+    assert re.fullmatch(r"(\d+s)?(\d+ms)?\d+\.\d{3}us", accumulator("TransferToDeviceTime"))
+
+
+def test_spmd_execution_time_is_a_duration(xla_target):
+    import torch_xla
+    import torch_xla.debug.metrics as met
+    import torch_xla.distributed.spmd as xs
+    import torch_xla.runtime as xr
+
+    xr.use_spmd()
+    n = xr.global_runtime_device_count()
+    mesh = xs.Mesh(np.arange(n), (n, 1))
+    t = torch.ones(4 * n, 4).to(torch_xla.device())
+    xs.mark_sharding(t, mesh, (0, None))
+    met.clear_all()
+    assert (t * 2).sum().item() == 32 * n
+    report = met.metrics_report()
+    block = report.split("Metric: ExecuteReplicatedTime\n", 1)[1]
+    value = block.split("Accumulator: ", 1)[1].split("\n", 1)[0]
+    assert re.fullmatch(r"(\d+s)?(\d+ms)?\d+\.\d{3}us", value), value

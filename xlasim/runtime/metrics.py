@@ -23,8 +23,13 @@ TIME_METRICS = frozenset(
         "TransferToDeviceTime",
         "TransferFromDeviceTime",
         "TensorToData",
+        "ExecuteReplicatedTime",
+        "PersistentCacheLoad",
     }
 )
+
+# Metrics whose values are byte counts, formatted like torch_xla's reports (``1.17KB``).
+BYTE_METRICS = frozenset({"InboundData", "OutboundData"})
 
 
 @dataclass
@@ -106,7 +111,13 @@ class Metrics:
             if data is None:
                 continue
             total, acc, samples = data
-            fmt = _format_ns if name in TIME_METRICS else _format_plain
+            fmt = (
+                _format_ns
+                if name in TIME_METRICS
+                else _format_bytes
+                if name in BYTE_METRICS
+                else _format_plain
+            )
             lines.append(f"Metric: {name}")
             lines.append(f"  TotalSamples: {total}")
             lines.append(f"  Accumulator: {fmt(acc)}")
@@ -131,6 +142,17 @@ class Metrics:
 
 def _format_plain(value: float) -> str:
     return f"{value:g}"
+
+
+def _format_bytes(value: float) -> str:
+    """Formats a byte count the way torch_xla's metrics report does: two decimals of the
+    largest binary unit that keeps the number at or above 1 (``4.00B``, ``1.17KB``)."""
+    units = ("B", "KB", "MB", "GB", "TB", "PB")
+    index = 0
+    while value >= 1024 and index < len(units) - 1:
+        value /= 1024
+        index += 1
+    return f"{value:.2f}{units[index]}"
 
 
 def _format_ns(value: float) -> str:
