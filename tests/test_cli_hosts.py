@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from global_batch import eager_sgd
+from launcher import kill_launcher_group, start_xlasim_run
 
 from xlasim import host_launcher
 from xlasim.runtime import hosts
@@ -162,15 +163,10 @@ def test_with_all_output_a_failing_host_is_not_repeated(tmp_path):
 
 
 def test_ctrl_c_ends_every_host(tmp_path):
-    launcher = subprocess.Popen(
-        [
-            sys.executable, "-m", "xlasim", "run", "--topology", "2x2x2", "--accelerator", "v4",
-            "--", sys.executable, "-c", SLEEPER, str(tmp_path), "-1",
-        ],
-        env=_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    launcher = start_xlasim_run(
+        "--topology", "2x2x2", "--accelerator", "v4",
+        "--", sys.executable, "-c", SLEEPER, str(tmp_path), "-1",
+        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + WAIT_S
@@ -192,7 +188,7 @@ def test_ctrl_c_ends_every_host(tmp_path):
             pytest.fail(f"launcher still running {STOP_BOUND_S} s after SIGINT: {masks}, {wchan=}")
     finally:
         if launcher.poll() is None:
-            launcher.kill()
+            kill_launcher_group(launcher)
             launcher.wait(timeout=30)
     assert launcher.returncode == 130
     assert "interrupted; stopping 2 hosts" in err

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from launcher import kill_launcher_group, start_xlasim_run
 from sockets import is_loopback, listening
 
 pytestmark = [
@@ -70,9 +71,8 @@ def test_hosts_of_a_simulated_slice_listen_on_loopback_only(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("XLASIM_", "MASTER_"))}
     # A port of this run's own for the xla:// store (torch_xla's default 12355 may be taken).
     env["MASTER_PORT"] = str(_free_port())
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "xlasim", "run", "--topology", "4x4", "--",
-         sys.executable, "-c", HOSTS, str(tmp_path)],
+    launcher = start_xlasim_run(
+        "--topology", "4x4", "--", sys.executable, "-c", HOSTS, str(tmp_path),
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     try:
@@ -88,7 +88,7 @@ def test_hosts_of_a_simulated_slice_listen_on_loopback_only(tmp_path):
         try:
             launcher.communicate(timeout=60)
         except subprocess.TimeoutExpired:
-            launcher.kill()
+            kill_launcher_group(launcher)  # the hosts too: they hold its output pipe open
             launcher.communicate(timeout=30)
     # host 0 runs both stores: the data exchange's and the xla:// rendezvous (MASTER_PORT)
     host0_ports = {port for _, port in found[pids[0]]}
