@@ -75,15 +75,15 @@ class MemorySampler:
         totals: dict[str, int] = defaultdict(int)
         for proc in psutil.Process().children(recursive=True):
             try:
-                rss = proc.memory_full_info().pss
+                pss = proc.memory_full_info().pss
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
             kind = process_kind(proc)
             if kind == "gone":
                 continue
-            totals[kind] += rss
+            totals[kind] += pss
             if kind == "host worker":
-                self.peak_worker = max(self.peak_worker, rss)
+                self.peak_worker = max(self.peak_worker, pss)
         for kind, value in totals.items():
             self.peak[kind] = max(self.peak[kind], value)
         self.peak_total = max(self.peak_total, sum(totals.values()))
