@@ -91,9 +91,7 @@ class SpmdFullyShardedDataParallel(nn.Module):
         super().__init__()
 
         if auto_wrap_policy is not None:
-            self._wrap_children(
-                module, auto_wrap_policy, auto_wrapper_callable, mesh, shard_output
-            )
+            self._wrap_children(module, auto_wrap_policy, auto_wrapper_callable, mesh, shard_output)
         self._orig_module = module.to("xla")
         self._mesh = mesh
         for param in module.parameters():

@@ -63,7 +63,9 @@ def size_based_auto_wrap_policy(
     if recurse:
         leaves = defaults.FORCE_LEAF_MODULES if force_leaf_modules is None else force_leaf_modules
         return not isinstance(module, tuple(leaves))
-    excluded = defaults.EXCLUDE_WRAP_MODULES if exclude_wrap_modules is None else exclude_wrap_modules
+    excluded = (
+        defaults.EXCLUDE_WRAP_MODULES if exclude_wrap_modules is None else exclude_wrap_modules
+    )
     return not isinstance(module, tuple(excluded))
 
 
@@ -74,7 +76,11 @@ size_based_auto_wrap_policy.EXCLUDE_WRAP_MODULES = {nn.ModuleList, nn.ModuleDict
 def _wrap_one(module: nn.Module, wrapper_cls: Callable[..., Any], **kwargs: Any) -> Any:
     # A module may carry its own settings for its wrapper; they win over the shared ones.
     overrides = getattr(module, "_wrap_overrides", None)
-    return wrapper_cls(module, **{**kwargs, **overrides}) if overrides else wrapper_cls(module, **kwargs)
+    return (
+        wrapper_cls(module, **{**kwargs, **overrides})
+        if overrides
+        else wrapper_cls(module, **kwargs)
+    )
 
 
 def recursive_wrap(
@@ -97,8 +103,9 @@ def recursive_wrap(
         for sub in module.modules():
             if sub not in ignored_modules:
                 assert not isinstance(sub, wrapper_cls)
-    ignored = {id(p) for p in ignored_params}
-    total = sum(p.numel() for p in module.parameters() if id(p) not in ignored)
+    # Membership as torch_xla tests it: a set of parameters (by identity); a list would
+    # compare tensors by value and fail.
+    total = sum(p.numel() for p in module.parameters() if p not in ignored_params)
     if not auto_wrap_policy(module=module, recurse=True, unwrapped_params=total):
         return module, 0
     wrapped = 0
