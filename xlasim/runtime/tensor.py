@@ -7,6 +7,7 @@ accounting follows what real torch_xla would do with the same program.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import time
 import weakref
@@ -138,6 +139,23 @@ class XlaSimTensor(torch.Tensor):
         # Pickle like a plain xla tensor (rebuilt from a CPU copy onto its device), not as a
         # subclass: that is what torch does for real xla tensors, and weights_only loads it.
         return self._reduce_ex_internal(proto)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Any:
+        # torch's default for a subclass clones and then deep-copies every slot onto the
+        # clone, handing the copy duplicates of this tensor's runtime, graph node and device
+        # buffer (a tensor of no slice). An xla tensor deep-copies as its clone.
+        if id(self) in memo:
+            return memo[id(self)]
+        if not self.is_leaf:
+            return torch.Tensor.__deepcopy__(self, memo)  # torch's own refusal for non-leaves
+        with torch.no_grad():
+            copied = self.clone()
+        copied.requires_grad_(self.requires_grad)
+        if self.grad is not None:
+            copied.grad = copy.deepcopy(self.grad, memo)
+        copied.__dict__ = copy.deepcopy(self.__dict__, memo)
+        memo[id(self)] = copied
+        return copied
 
     __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
 
