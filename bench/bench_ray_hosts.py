@@ -58,11 +58,13 @@ def process_kind(proc: psutil.Process) -> str:
 
 
 class MemorySampler:
-    """Peak total PSS per process kind over the samples taken (at most one per
-    ``interval_s``: reading every process's page map is not free)."""
+    """PSS per process kind at the sample with the highest total, over the samples taken (at
+    most one per ``interval_s``: reading every process's page map is not free).  The kinds are
+    taken at that one moment, so they add up to the total: each kind's own peak comes at a
+    different time (a worker counts as idle until Ray hands it its actor)."""
 
     def __init__(self, interval_s: float = 2.0) -> None:
-        self.peak: dict[str, int] = defaultdict(int)
+        self.peak: dict[str, int] = {}
         self.peak_total = 0
         self.peak_worker = 0
         self.interval_s = interval_s
@@ -84,9 +86,9 @@ class MemorySampler:
             totals[kind] += pss
             if kind == "host worker":
                 self.peak_worker = max(self.peak_worker, pss)
-        for kind, value in totals.items():
-            self.peak[kind] = max(self.peak[kind], value)
-        self.peak_total = max(self.peak_total, sum(totals.values()))
+        if sum(totals.values()) > self.peak_total:
+            self.peak_total = sum(totals.values())
+            self.peak = dict(totals)
 
 
 def run_size(topology: str, accelerator: str, steps: int, console: Console) -> dict[str, object]:
@@ -161,7 +163,7 @@ def main() -> None:
         rows.append(row)
         per_host_estimate = row["peak_total"] / spec.num_hosts  # type: ignore[operator]
 
-    table = Table(title="simulated slice on a local Ray cluster (peak PSS)")
+    table = Table(title="simulated slice on a local Ray cluster (PSS at the peak of the total)")
     for col in ("slice", "hosts", "up s", "fit s", "down s", "MiB/host", "worker MiB"):
         table.add_column(col, justify="right")
     kinds = sorted({k for r in rows for k in r["by_kind"]})  # type: ignore[attr-defined]
