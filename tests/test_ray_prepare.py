@@ -1,0 +1,140 @@
+"""Ray Train's ``prepare_model()`` / ``prepare_data_loader()`` on an SPMD worker of the backend,
+in this process on a simulated single-host slice (no Ray cluster).
+
+The worker state the bootstrap leaves is set by hand; Ray's helpers are reached by their public
+names after ``tpu_backend.ray_prepare.install()``, as a training function reaches them.  The
+multi-host run (per-host batches assembled into one global batch, against eager CPU) is in
+``tests/test_seamless.py::test_same_loop_on_a_multi_host_simulated_slice``.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("ray.train")
+
+import ray.train.torch  # noqa: E402
+
+import xlasim  # noqa: E402
+from tpu_backend import context, ray_prepare  # noqa: E402
+
+
+@pytest.fixture
+def spmd_worker(monkeypatch):
+    """A simulated v6e-8 host under SPMD with the backend's state and Ray's helpers installed;
+    yields (torch_xla, mesh).  Ray's own helpers come back afterwards."""
+    for name in ray_prepare._RAY_MODULES:
+        module = importlib.import_module(name)
+        for helper in ray_prepare._HELPERS:
+            monkeypatch.setattr(module, helper, getattr(module, helper))
+    ray_prepare.install()
+    with xlasim.simulate("2x4", "v6e"):
+        import torch_xla
+        import torch_xla.distributed.spmd as xs
+        import torch_xla.runtime as xr
+
+        xr.use_spmd()
+        mesh = xs.Mesh(np.arange(8), (2, 4), ("data", "model"))
+        context._set_state(
+            context.XlaWorkerState(
+                spmd=True,
+                host_index=0,
+                num_hosts=1,
+                process_index=0,
+                process_count=1,
+                global_device_count=8,
+                mesh=mesh,
+                mesh_shape=(2, 4),
+                axis_names=("data", "model"),
+                slice_topology="2x4",
+                slice_accelerator="v6e",
+                pod_type="v6e-8",
+                process_group_backend="gloo",
+                device_type="TPU",
+            )
+        )
+        try:
+            yield torch_xla, mesh
+        finally:
+            context._set_state(None)
+
+
+def _spec(torch_xla, t):
+    return torch_xla._XLAC._get_xla_sharding_spec(t)
+
+
+def test_model_is_moved_and_replicated_never_wrapped(spmd_worker):
+    torch_xla, _ = spmd_worker
+    model = ray.train.torch.prepare_model(torch.nn.Linear(4, 2))
+    assert type(model) is torch.nn.Linear  # no DistributedDataParallel
+    for p in model.parameters():
+        assert p.device == torch_xla.device()
+        assert "replicated" in _spec(torch_xla, p)
+    kept = ray.train.torch.prepare_model(torch.nn.Linear(4, 2), parallel_strategy=None)
+    assert type(kept) is torch.nn.Linear and kept.weight.device.type == "xla"
+
+
+def test_move_to_device_false_leaves_the_model_where_it_is(spmd_worker):
+    model = torch.nn.Linear(4, 2)
+    assert ray.train.torch.prepare_model(model, move_to_device=False) is model
+    assert model.weight.device == torch.device("cpu")
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"parallel_strategy": "fsdp"}, r"parallel_strategy='fsdp'.*'ddp' \(the default\) or None"),
+        ({"parallel_strategy": "zero"}, r"parallel_strategy='zero'.*SpmdFullyShardedDataParallel"),
+        (
+            {"parallel_strategy_kwargs": {"find_unused_parameters": True}},
+            r"find_unused_parameters.*DistributedDataParallel arguments",
+        ),
+        ({"move_to_device": torch.device("cpu")}, r"device\(type='cpu'\).*an XLA device"),
+    ],
+)
+def test_what_cannot_apply_under_spmd_is_refused(spmd_worker, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ray.train.torch.prepare_model(torch.nn.Linear(4, 2), **kwargs)
+
+
+def test_batches_are_split_over_the_data_axis_with_or_without_prefetch(spmd_worker):
+    torch_xla, _ = spmd_worker
+    x = torch.arange(64.0).reshape(16, 4)
+    y = torch.arange(16.0)
+    base = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8)
+    seen = {}
+    for auto_transfer in (True, False):
+        loader = ray.train.torch.prepare_data_loader(base, auto_transfer=auto_transfer)
+        assert len(loader) == 2 and loader.batch_size == 8 and loader.sampler is base.sampler
+        batches = list(loader)
+        assert len(batches) == 2
+        for (xb, yb), i in zip(batches, (0, 8), strict=True):
+            assert xb.device == torch_xla.device() and yb.device == torch_xla.device()
+            assert torch.equal(xb.cpu(), x[i : i + 8]) and torch.equal(yb.cpu(), y[i : i + 8])
+        seen[auto_transfer] = [(_spec(torch_xla, xb), _spec(torch_xla, yb)) for xb, yb in batches]
+    # rows over the 'data' axis (2), replicated over 'model' (4); rank-1 labels over all 8
+    assert seen[True][0] == (
+        "{devices=[2,1,4]0,1,2,3,4,5,6,7 last_tile_dim_replicate}",
+        "{devices=[8]0,1,2,3,4,5,6,7}",
+    )
+    assert seen[False] == seen[True]
+
+
+def test_move_to_device_false_returns_the_cpu_loader(spmd_worker):
+    base = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.ones(8, 2)))
+    assert ray.train.torch.prepare_data_loader(base, move_to_device=False) is base
+
+
+def test_ray_train_v1_amp_is_refused(spmd_worker, monkeypatch):
+    from types import SimpleNamespace
+
+    from ray.train._internal import session
+
+    amp_session = SimpleNamespace(accelerator=SimpleNamespace(amp_is_enabled=True))
+    monkeypatch.setattr(session, "_session", amp_session)
+    with pytest.raises(ValueError, match=r"accelerate\(amp=True\) cannot apply"):
+        ray.train.torch.prepare_model(torch.nn.Linear(4, 2))
