@@ -114,7 +114,38 @@ def _non_spmd_loop(config):
         )
 
 
+def _non_spmd_helpers_loop(config):
+    # Ray's helpers without SPMD: Ray's prepare_model; batches through MpDeviceLoader, so a
+    # loop with no sync of its own compiles no new graph after its first steps.
+    import json
+    import os
+
+    import ray.train.torch
+    import torch
+    import torch_xla.debug.metrics as met
+
+    _non_spmd_loop(config)
+    torch.manual_seed(0)
+    model = ray.train.torch.prepare_model(torch.nn.Linear(4, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.arange(96.0).reshape(24, 4) / 96
+    data = torch.utils.data.TensorDataset(x, x.sum(dim=1, keepdim=True))
+    loader = ray.train.torch.prepare_data_loader(torch.utils.data.DataLoader(data, batch_size=4))
+    compiled = []
+    for xb, yb in loader:
+        loss = torch.nn.functional.mse_loss(model(xb), yb)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        loss.item()
+        compiled.append(met.counter_value("UncachedCompile"))
+    with open(os.path.join(config["out_dir"], "helpers.json"), "w") as f:
+        json.dump({"param": str(next(model.parameters()).device), "compiled": compiled}, f)
+
+
 def test_xla_process_group_without_spmd(local_ray, tmp_path):
+    import json
+
     import ray.cloudpickle
     from ray.train import RunConfig, ScalingConfig
 
@@ -123,7 +154,7 @@ def test_xla_process_group_without_spmd(local_ray, tmp_path):
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     trainer = tpu_backend.TorchTrainer(
-        _non_spmd_loop,
+        _non_spmd_helpers_loop,
         train_loop_config={"out_dir": str(tmp_path)},
         torch_config=tpu_backend.TPUTorchConfig(spmd=False),
         scaling_config=ScalingConfig(num_workers=1),
@@ -133,6 +164,10 @@ def test_xla_process_group_without_spmd(local_ray, tmp_path):
     mesh, is_xla, spmd, backend, values = eval((tmp_path / "non_spmd.txt").read_text())
     assert (mesh, is_xla, spmd, backend) == (None, True, False, "xla")
     assert values == [1.0, 1.0, 1.0]
+    helpers = json.loads((tmp_path / "helpers.json").read_text())
+    assert helpers["param"] == "xla:0"
+    assert len(helpers["compiled"]) == 6
+    assert helpers["compiled"][-1] == helpers["compiled"][2], helpers["compiled"]
 
 
 def _ray_helpers_loop(config):

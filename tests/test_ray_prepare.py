@@ -138,3 +138,65 @@ def test_ray_train_v1_amp_is_refused(spmd_worker, monkeypatch):
     monkeypatch.setattr(session, "_session", amp_session)
     with pytest.raises(ValueError, match=r"accelerate\(amp=True\) cannot apply"):
         ray.train.torch.prepare_model(torch.nn.Linear(4, 2))
+
+
+def _steps_compiled(loader, torch_xla, steps):
+    """Train a Linear on the loader the usual Ray way (no sync); UncachedCompile after each step."""
+    import torch_xla.debug.metrics as met
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1).to(torch_xla.device())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    compiled = []
+    for xb, yb in loader:
+        loss = torch.nn.functional.mse_loss(model(xb), yb)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        loss.item()
+        compiled.append(met.counter_value("UncachedCompile") or 0)
+    assert len(compiled) == steps
+    return compiled
+
+
+def test_without_spmd_batches_are_whole_and_each_step_is_its_own_graph(monkeypatch):
+    """One process per chip: Ray's model helper (DDP), but batches through MpDeviceLoader, so
+    a loop with no sync of its own does not trace one growing graph (Ray's own loader only
+    moves batches: on real torch_xla 2.9 that compiles anew at every step)."""
+    for name in ray_prepare._RAY_MODULES:
+        module = importlib.import_module(name)
+        for helper in ray_prepare._HELPERS:
+            monkeypatch.setattr(module, helper, getattr(module, helper))
+    ray_prepare.install()
+    with xlasim.simulate("2x2"):
+        import torch_xla
+
+        context._set_state(
+            context.XlaWorkerState(
+                spmd=False,
+                host_index=0,
+                num_hosts=1,
+                process_index=0,
+                process_count=1,
+                global_device_count=1,
+                mesh=None,
+                mesh_shape=None,
+                axis_names=None,
+                slice_topology=None,
+                slice_accelerator=None,
+                pod_type=None,
+                process_group_backend="xla",
+                device_type="TPU",
+            )
+        )
+        try:
+            x = torch.arange(96.0).reshape(24, 4) / 96
+            data = torch.utils.data.TensorDataset(x, x.sum(dim=1, keepdim=True))
+            base = torch.utils.data.DataLoader(data, batch_size=4)
+            loader = ray.train.torch.prepare_data_loader(base)
+            xb, _ = next(iter(loader))
+            assert xb.device == torch_xla.device() and torch.equal(xb.cpu(), x[:4])
+            compiled = _steps_compiled(loader, torch_xla, steps=6)
+        finally:
+            context._set_state(None)
+    assert compiled[-1] == compiled[2], compiled  # no new graph after the first steps

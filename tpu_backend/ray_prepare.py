@@ -21,8 +21,11 @@ are replaced by ones that, under SPMD, do what the seamless wrappers do:
   its part of the global batch (``minibatch`` input sharding), hosts in host order.
 
 Arguments that cannot apply under SPMD raise ``ValueError`` naming them; the rest are
-honoured.  Without SPMD (one process per chip, the ``xla`` process group) and outside this
-backend the helpers are Ray's, unchanged.
+honoured.  Without SPMD (one process per chip, the ``xla`` process group) ``prepare_model``
+is Ray's (DDP over that group, as torch_xla runs DDP) and ``prepare_data_loader`` adds Ray's
+sampler and then goes through ``MpDeviceLoader`` too: Ray's own loader only moves batches, so
+a loop with no ``torch_xla.sync()`` of its own would trace one ever longer graph (real
+torch_xla 2.9 compiles anew at every step).  Outside this backend the helpers are Ray's.
 """
 
 from __future__ import annotations
@@ -138,8 +141,8 @@ def _prepare_data_loader(
     move_to_device: bool = True,
     auto_transfer: bool = True,
 ) -> Any:
-    """``ray.train.torch.prepare_data_loader`` under SPMD: per-host batches, sharded over
-    the mesh (see the module docstring).
+    """``ray.train.torch.prepare_data_loader`` on the backend: under SPMD per-host batches,
+    sharded over the mesh; without SPMD each process's batches (see the module docstring).
 
     ``add_dist_sampler`` is Ray's (with one host there is nothing to split);
     ``move_to_device=False`` returns the CPU loader, whose batches are then this host's part
@@ -150,19 +153,21 @@ def _prepare_data_loader(
     if state.process_count > 1 and add_dist_sampler:
         # Ray's rules for when and how (shuffle unless the loader was sequential, not for
         # an IterableDataset, not over a user's DistributedSampler); its sampler takes
-        # rank and replicas from the gloo group: the host index and the host count.
+        # rank and replicas from the process group: under SPMD the gloo group (host index,
+        # host count), without it the xla group (process index, process count).
         data_loader = ray_helper(data_loader, add_dist_sampler=True, move_to_device=False)
     if not move_to_device:
         return data_loader
     # Deferred: torch_xla is set up by the bootstrap before any training function runs.
     import torch_xla
 
-    sharding = BatchSharding(state.mesh, minibatch=state.process_count > 1)
+    sharding = BatchSharding(state.mesh, minibatch=state.process_count > 1) if state.spmd else None
     return ShardedBatches(data_loader, torch_xla.device(), sharding, prefetch=auto_transfer)
 
 
 class ShardedBatches:
-    """Iterates a CPU loader, yielding each batch on the XLA device split by ``sharding``.
+    """Iterates a CPU loader, yielding each batch on the XLA device split by ``sharding``
+    (``None``: whole, without SPMD).
 
     ``prefetch``: through torch_xla's ``MpDeviceLoader`` (background transfer); otherwise
     each batch is transferred when asked for.  Either way the step's graph runs when the
@@ -214,7 +219,7 @@ def _model_helper(ray_helper: Callable[..., Any]) -> Callable[..., Any]:
 def _loader_helper(ray_helper: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(ray_helper)
     def helper(*args: Any, **kwargs: Any) -> Any:
-        state = _spmd_state()
+        state = context._state
         if state is None:
             return ray_helper(*args, **kwargs)
         return _prepare_data_loader(state, ray_helper, *args, **kwargs)
@@ -225,7 +230,8 @@ def _loader_helper(ray_helper: Callable[..., Any]) -> Callable[..., Any]:
 
 def install() -> None:
     """Route Ray Train's ``prepare_model``/``prepare_data_loader`` on this worker process
-    through the SPMD versions (Ray's own run whenever this worker is not under SPMD)."""
+    through the backend's versions (Ray's own run whenever the backend is not set up here,
+    and Ray's ``prepare_model`` without SPMD)."""
     modules = []
     for name in _RAY_MODULES:
         try:
