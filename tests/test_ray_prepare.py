@@ -9,6 +9,7 @@ multi-host run (per-host batches assembled into one global batch, against eager 
 
 from __future__ import annotations
 
+import copy
 import importlib
 
 import numpy as np
@@ -110,6 +111,7 @@ def test_batches_are_split_over_the_data_axis_with_or_without_prefetch(spmd_work
     for auto_transfer in (True, False):
         loader = ray.train.torch.prepare_data_loader(base, auto_transfer=auto_transfer)
         assert len(loader) == 2 and loader.batch_size == 8 and loader.sampler is base.sampler
+        assert copy.copy(loader).sampler is base.sampler
         batches = list(loader)
         assert len(batches) == 2
         for (xb, yb), i in zip(batches, (0, 8), strict=True):

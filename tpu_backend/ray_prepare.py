@@ -1,4 +1,4 @@
-"""Ray Train's ``prepare_model()`` and ``prepare_data_loader()`` on SPMD workers.
+"""Ray Train's ``prepare_model()`` and ``prepare_data_loader()`` on the backend's workers.
 
 Ray 2.60 decides from its world size alone: with more than one worker it wraps the model in
 ``DistributedDataParallel`` and each worker moves its batches whole to its device.  Under
@@ -201,6 +201,9 @@ class ShardedBatches:
         return len(self.loader)
 
     def __getattr__(self, name: str) -> Any:
+        # Only for attributes the object itself lacks; none before __init__ (copy, pickle).
+        if "loader" not in self.__dict__:
+            raise AttributeError(name)
         return getattr(self.__dict__["loader"], name)
 
 
