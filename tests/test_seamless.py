@@ -330,6 +330,81 @@ def _ray_loop(config):
     same_loop(config)
 
 
+HOST_BATCH = 8  # per Ray worker, as Ray Train's own loops size their loaders
+
+
+def _dataset():
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(64, 8, generator=gen)
+    y = torch.tanh(x @ torch.randn(8, 1, generator=gen)).squeeze(1)
+    return torch.utils.data.TensorDataset(x, y)
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+
+
+def _ray_helpers_loop(config):
+    """A Ray Train loop written the usual way: Ray's own helpers, no torch_xla call."""
+    import ray.train
+    import ray.train.torch
+
+    import tpu_backend  # only to record which host this is
+
+    model = ray.train.torch.prepare_model(_model())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = torch.utils.data.DataLoader(_dataset(), batch_size=HOST_BATCH)
+    loader = ray.train.torch.prepare_data_loader(loader)
+    losses, rows = [], []
+    for epoch in range(2):
+        if ray.train.get_context().get_world_size() > 1:
+            loader.sampler.set_epoch(epoch)
+        for xb, yb in loader:
+            optimizer.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(xb).squeeze(1), yb)
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+            rows.append(xb.shape[0])
+    host = tpu_backend.get_xla_worker_state().host_index
+    record = {
+        "model": type(model).__name__,
+        "param_device": str(next(model.parameters()).device),
+        "sampler": [
+            type(loader.sampler).__name__,
+            loader.sampler.rank,
+            loader.sampler.num_replicas,
+        ],
+        "rows": rows,
+        "losses": losses,
+    }
+    Path(config["out_dir"], f"ray{host}.json").write_text(json.dumps(record))
+
+
+def _eager_global_batches(hosts: int) -> list[float]:
+    """The losses of :func:`_ray_helpers_loop` in one CPU process: each step's global batch
+    is every host's batch (its DistributedSampler's next rows), hosts in order."""
+    data = _dataset()
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    per_host = [
+        list(torch.utils.data.DistributedSampler(data, hosts, h, shuffle=False))
+        for h in range(hosts)
+    ]
+    losses = []
+    for _ in range(2):
+        for start in range(0, len(per_host[0]), HOST_BATCH):
+            index = [i for rows in per_host for i in rows[start : start + HOST_BATCH]]
+            x, y = data[index]
+            optimizer.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x).squeeze(1), y)
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+    return losses
+
+
 @pytest.mark.timeout(900)
 @pytest.mark.xdist_group("ray")  # one Ray cluster at a time on this machine
 def test_same_loop_in_ray_train_on_gloo_and_on_a_simulated_slice(tmp_path):
@@ -438,7 +513,11 @@ def test_backend_compile_cache_makes_the_second_run_compile_nothing(tmp_path):
 @pytest.mark.timeout(900)
 def test_same_loop_on_a_multi_host_simulated_slice(tmp_path):
     """v4-16 (2 hosts x 4 chips, mesh (2, 4) over ('data', 'model')): every host runs the
-    loop on the same global batch and sees the loss curve of the CPU run."""
+    loop on the same global batch and sees the loss curve of the CPU run.
+
+    On the same cluster, a loop written with Ray's own prepare_model/prepare_data_loader:
+    no DDP, each host loads its DistributedSampler's rows and the hosts' batches form one
+    global batch, so every host sees the CPU losses of those global batches."""
     pytest.importorskip("ray.train")
     import ray
     import ray.cloudpickle
@@ -463,9 +542,29 @@ def test_same_loop_on_a_multi_host_simulated_slice(tmp_path):
             run_config=RunConfig(storage_path=str(tmp_path / "ray")),
         )
         fit_with_deadline(trainer, 400)
+        trainer = tpu_backend.TorchTrainer(
+            _ray_helpers_loop,
+            train_loop_config={"out_dir": str(out)},
+            scaling_config=ScalingConfig(
+                use_tpu=True, topology="2x2x2", accelerator_type="TPU-V4", num_workers=2
+            ),
+            run_config=RunConfig(storage_path=str(tmp_path / "ray-helpers")),
+        )
+        fit_with_deadline(trainer, 400)
     hosts = [json.loads((out / f"result{h}.json").read_text()) for h in (0, 1)]
     for host in hosts:
         assert host["kind"] == "xla" and host["spmd"] and host["num_processes"] == 2
         assert host["losses"] == pytest.approx(cpu["losses"], rel=RTOL)
         _assert_one_graph_per_step(host["stats"])
     assert hosts[0]["losses"] == hosts[1]["losses"]
+
+    eager = _eager_global_batches(hosts=2)
+    helpers = [json.loads((out / f"ray{h}.json").read_text()) for h in (0, 1)]
+    print(f"eager CPU, global batches {eager}\nRay helpers per host {helpers}")
+    for h, run in enumerate(helpers):
+        assert run["model"] == "Sequential" and run["param_device"] == "xla:0"
+        assert run["sampler"] == ["DistributedSampler", h, 2]
+        assert run["rows"] == [2 * HOST_BATCH] * 8  # each step's batch is the global one
+        assert run["losses"] == pytest.approx(eager, rel=RTOL)
+    assert helpers[0]["losses"] == helpers[1]["losses"]
+    assert eager[-1] < eager[0]

@@ -24,10 +24,10 @@ from tpu_backend.bootstrap import (
     HostAssignment,
     HostProbe,
     WorkerBootstrap,
-    bootstrap_worker,
     probe_host,
     shutdown_worker,
 )
+from tpu_backend.ray_prepare import set_up_worker
 from tpu_backend.topology import SliceSpec
 
 __all__ = [
@@ -160,12 +160,10 @@ def cache_visibility(
 def bootstrap_workers(
     worker_group: Any, plans: list[WorkerBootstrap], labels: list[str], timeout_s: float
 ) -> list[dict[str, Any]]:
-    """Runs every worker's bootstrap at once; their summaries must describe one slice."""
+    """Runs every worker's bootstrap (and points Ray Train's helpers at it) at once; their
+    summaries must describe one slice."""
     summaries = gather(
-        [
-            worker_group.execute_single_async(i, bootstrap_worker, plan)
-            for i, plan in enumerate(plans)
-        ],
+        [worker_group.execute_single_async(i, set_up_worker, plan) for i, plan in enumerate(plans)],
         timeout_s,
         labels,
         "worker bootstrap",

@@ -6,7 +6,8 @@ is one built on ``torch_tpu`` (another PyTorch TPU backend), which fails where o
 installed. And a data loader prepared for a device looks up a manager by the device's type,
 which knows no ``xla``. :func:`install` (run by the worker bootstrap, after torch_xla is set
 up) puts an XLA device manager in both places, so a Ray Train loop written the usual way moves
-its model and batches to ``torch_xla.device()``.
+its model and batches to ``torch_xla.device()``.  Under SPMD :mod:`tpu_backend.ray_prepare`
+also replaces the wrapping Ray picks (no DDP; batches split over the mesh).
 
 Both places are Ray internals (``ray.air._internal.device_manager``): if a Ray release moves
 them, :func:`install` raises naming what it did not find instead of leaving Ray's choice.

@@ -33,6 +33,10 @@ class DeviceBatches:
 class BatchSharding:
     """``input_sharding`` for ``MpDeviceLoader``: dim 0 over the mesh's data axis.
 
+    With ``minibatch`` each host passes its own part of the global batch (torch_xla
+    concatenates the hosts' parts in device order), and dim 0 is split over all the mesh's
+    devices, data axis major.
+
     One ``ShardingSpec`` per tensor rank, because a batch mixes ranks (images and labels)
     and torch_xla leaves a tensor whose rank differs from the spec's unsharded.  torch_xla
     calls ``xla_spec(t)`` and reads ``minibatch`` on it, nothing else.
@@ -52,11 +56,14 @@ class BatchSharding:
             import torch_xla.distributed.spmd as xs
 
             mesh = self.mesh
-            if rank == 1 and len(mesh.mesh_shape) > 1:
+            if (rank == 1 or self.minibatch) and len(mesh.mesh_shape) > 1:
                 # torch_xla 2.9 takes a spec with no None entry as fully tiled over the whole
-                # mesh, so ('data',) on a 2-D mesh fails in the transfer (IndexError).  The
-                # same devices in the same order as one axis shard the batch dim instead: a
-                # row-major flatten keeps the data axis major, so the global order holds.
+                # mesh, so ('data',) on a 2-D mesh fails in the transfer (IndexError); and it
+                # assembles per-host (minibatch) batches only along a batch dim tiled over
+                # every device ("Minibatch sharding only supports sharding along the batch
+                # dimension").  The same devices in the same order as one axis shard the
+                # batch dim instead: a row-major flatten keeps the data axis major, so the
+                # global order holds (host-major device ids: host 0's rows come first).
                 names = (self.axis,) if isinstance(self.axis, str) else None
                 mesh = xs.Mesh(mesh.device_ids, (len(mesh.device_ids),), names)
             spec = xs.ShardingSpec(mesh, (self.axis,) + (None,) * (rank - 1), self.minibatch)

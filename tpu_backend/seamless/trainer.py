@@ -20,7 +20,7 @@ from tpu_backend.seamless.loader import BatchSharding, DeviceBatches, distribute
 from tpu_backend.seamless.optimizer import SeamlessOptimizer
 from tpu_backend.topology import parse_slice
 
-__all__ = ["SeamlessTPUTrainer"]
+__all__ = ["SeamlessTPUTrainer", "replicate_over_mesh"]
 
 
 class SeamlessTPUTrainer:
@@ -140,12 +140,7 @@ class SeamlessTPUTrainer:
                 self._moved_params[id(old)] = new
         if self.is_xla:
             if self.spmd and self.mesh is not None:
-                # torch_xla is imported only on a detected XLA device, here and below.
-                import torch_xla.distributed.spmd as xs
-
-                for tensor in list(model.parameters()) + list(model.buffers()):
-                    if not _has_sharding(tensor):
-                        xs.mark_sharding(tensor, self.mesh, (None,) * tensor.dim())
+                replicate_over_mesh(model, self.mesh)
             elif self.num_processes > 1:
                 import torch_xla.core.xla_model as xm  # deferred: XLA only
 
@@ -270,6 +265,23 @@ class SeamlessTPUTrainer:
         if not self.is_xla:
             return None
         return compile_cache.compile_stats()
+
+
+def replicate_over_mesh(model: Any, mesh: Any) -> None:
+    """Mark every parameter and buffer of ``model`` that is on the XLA device and has no
+    sharding yet as replicated over ``mesh``.
+
+    So the first SPMD step's graph already has the input shardings of every later step
+    (left unsharded, torch_xla 2.9 compiles step 2 again: see the package docstring).
+    Tensors that are not on XLA are left alone; sharded ones (FSDPv2, ``mark_sharding``)
+    keep their sharding.
+    """
+    # torch_xla is imported only on a detected XLA device.
+    import torch_xla.distributed.spmd as xs
+
+    for tensor in list(model.parameters()) + list(model.buffers()):
+        if tensor.device.type == "xla" and not _has_sharding(tensor):
+            xs.mark_sharding(tensor, mesh, (None,) * tensor.dim())
 
 
 def _has_sharding(tensor: Any) -> bool:
