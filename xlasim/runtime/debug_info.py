@@ -29,6 +29,14 @@ def _unknown(what: str) -> NotImplementedError:
     )
 
 
+def _barrier_uploaded(rt: Any, t: Any) -> bool:
+    """SPMD data a step barrier uploaded (replicated) while it still waited on the host for
+    its first use: torch_xla keeps both the sharded data and the host copy."""
+    if not rt.spmd or t._moved_at is None:
+        return False
+    return t._moved_at != (rt.step_barriers if t._on_host else t._uploaded_at)
+
+
 def _ir_line(rt: Any, t: Any, device: str, shape: str) -> str:
     """The tensor's IR value: None once it is plain device data."""
     if t._on_host or t._computed:
@@ -36,7 +44,7 @@ def _ir_line(rt: Any, t: Any, device: str, shape: str) -> str:
     if t._uploaded_at is None:
         raise _unknown("a tensor made on the device (factory functions, loaded shards)")
     if rt.spmd:
-        if t._sharding is None and t._uploaded_at != rt.step_barriers:
+        if t._sharding is None and t._uploaded_at != rt.step_barriers and t._moved_at is None:
             # torch_xla's barrier gives the replicated upload a sharding of its own.
             raise _unknown("an SPMD tensor uploaded at its first use, after a step barrier")
     elif t._uploaded_at != rt.step_barriers:
@@ -47,16 +55,24 @@ def _ir_line(rt: Any, t: Any, device: str, shape: str) -> str:
     )
 
 
+def _sharded_data_lines(rt: Any, spec: str, device: str, shape: str) -> list[str]:
+    return [
+        "XLAShardedData: ",
+        f"  Data Device: {device}",
+        f"  Data Shape: {shape}",
+        f"  OpSharding: {spec}",
+        f"  NumShards: {len(rt.addressable_device_ids())}",
+    ]
+
+
 def _data_lines(rt: Any, t: Any, ir: str, device: str, shape: str) -> list[str]:
     sharding = t._sharding
+    if _barrier_uploaded(rt, t):
+        return _sharded_data_lines(rt, "{replicated}", device, shape)
+    if t._spec_on_ir:
+        return ["XLAData: None"]  # the spec is on the device_data IR value, no data sharded yet
     if rt.spmd and sharding is not None:
-        return [
-            "XLAShardedData: ",
-            f"  Data Device: {device}",
-            f"  Data Shape: {shape}",
-            f"  OpSharding: {sharding.spec_string()}",
-            f"  NumShards: {len(rt.addressable_device_ids())}",
-        ]
+        return _sharded_data_lines(rt, sharding.spec_string(), device, shape)
     if t._on_host or ir != "IR: None":
         return ["XLAData: None"]  # held by the host, or by the device_data IR value
     if rt.spmd:
@@ -86,6 +102,8 @@ def tensor_debug_info(rt: Any, t: Any) -> str:
         f"ShardingSpec: {sharding.spec_string() if sharding is not None else 'None'}",
         ir,
         *_data_lines(rt, t, ir, device, shape),
-        f"Tensor on host: with size {list(t.shape)}" if t._on_host else "Tensor on host: None",
+        f"Tensor on host: with size {list(t.shape)}"
+        if t._on_host or _barrier_uploaded(rt, t)
+        else "Tensor on host: None",
     ]
     return "\n".join(lines) + "\n}\n"

@@ -286,6 +286,8 @@ class GraphCache:
         self.recompilations: list[Recompilation] = []
         # Tensors that got a pending node; dead references are dropped at the next sync.
         self.pending: list[weakref.ReferenceType[Any]] = []
+        # Under SPMD, data moved from the host that an op used since the last step barrier.
+        self.moved_in_use: list[weakref.ReferenceType[Any]] = []
         self.initialized = False
         # The real compiler every graph also goes to (``runtime.libtpu_compiler``), if any.
         self.compiler: GraphCompiler | None = None
@@ -409,6 +411,25 @@ class GraphCache:
         else:
             metrics.inc("ExecuteComputation")
             metrics.add_sample("ExecuteTime", time.perf_counter_ns() - start)
+
+    def settle_moved_data(self) -> None:
+        """At a step barrier, moved data that an op used since the previous one becomes
+        replicated device data: torch_xla's barrier syncs its ``device_data`` IR value,
+        uploading it replicated, whether or not the op's result is still alive (measured on
+        torch_xla 2.9: ``''`` before the barrier, ``'{replicated}'`` after). Data sharded or
+        updated in place meanwhile keeps what it got."""
+        for ref in self.moved_in_use:
+            t = ref()
+            if t is None or t._node is not None or t._computed:
+                continue
+            if t._sharding is None or t._spec_on_ir:
+                if t._sharding is None:
+                    t._sharding = TensorSharding(OpSharding.replicated(), tuple(t.shape))
+                t._spec_on_ir = False
+                # Used before any barrier uploaded it, its IR value is now plain device data;
+                # uploaded by an earlier barrier, torch_xla keeps the device_data IR value.
+                t._computed = t._moved_at is None or t._moved_at == t._uploaded_at
+        self.moved_in_use = []
 
 
 def _buffer_donors(tensors: list[Any], step_barrier: bool) -> int:

@@ -165,6 +165,7 @@ class SimRuntime:
     def mark_step(self) -> None:
         """A step boundary: every live tensor's pending graph runs (one graph), counted."""
         self.graphs.execute(self.graphs.live_pending(), sync_all=True, spmd=self.spmd)
+        self.graphs.settle_moved_data()
         self.metrics.inc("MarkStep")
         self.step_barriers += 1
 

@@ -22,6 +22,8 @@ from xlasim.runtime import state as _runtime
 from xlasim.runtime.device import FactoryKernels, set_wrapper_meta
 from xlasim.runtime.graph import CompileError, InputRef, Node, RecordedCall, stable_id
 from xlasim.runtime.kernel_inputs import check_cpu_inputs, rules_for
+from xlasim.sharding.op_sharding import OpSharding
+from xlasim.sharding.tensor_sharding import TensorSharding
 
 aten = torch.ops.aten
 
@@ -60,8 +62,16 @@ class XlaSimTensor(torch.Tensor):
     _uploaded_at: int | None
     """The runtime's step-barrier count when the data was moved from the host (None when the
     value came otherwise): what torch_xla's debug text shows depends on it."""
+    _moved_at: int | None
+    """Under SPMD, the step-barrier count when ``.to('xla')``/``copy_`` deferred the data's
+    upload (None otherwise): a barrier passed while it waits uploads it replicated, and
+    torch_xla then keeps the host copy too."""
     _computed: bool
     """The data is the output of an executed graph."""
+    _spec_on_ir: bool
+    """Under SPMD, moved data that a clone or copy gave a replicated sharding: torch_xla sets
+    the spec on its ``device_data`` IR value and holds no sharded data for it until the next
+    step barrier."""
 
     _device: torch.device
     _rt: Any
@@ -79,7 +89,9 @@ class XlaSimTensor(torch.Tensor):
         "_aliased",
         "_on_host",
         "_uploaded_at",
+        "_moved_at",
         "_computed",
+        "_spec_on_ir",
         "_device",
         "_rt",
         "_buf",
@@ -176,6 +188,14 @@ class XlaSimTensor(torch.Tensor):
             out = _new(info.call(src._elem), src._device, src._node, runtime)
             out._sharding = src._sharding
             out._buf = src._buf  # the same value: one buffer
+            # The alias holds the same data in the same state (on the host still, moved at
+            # the same barrier...); torch_xla uploads each alias at its own first use.
+            out._on_host, out._uploaded_at, out._moved_at = (
+                src._on_host,
+                src._uploaded_at,
+                src._moved_at,
+            )
+            out._computed, out._spec_on_ir = src._computed, src._spec_on_ir
             if src._node is not None:
                 runtime.graphs.pending.append(weakref.ref(out))
             return out
@@ -214,7 +234,9 @@ def _new(elem: torch.Tensor, device: torch.device, node: Node | None, rt: Any) -
     r._aliased = False
     r._on_host = False
     r._uploaded_at = None
+    r._moved_at = None
     r._computed = False
+    r._spec_on_ir = False
     # torch_xla orders a graph's outputs by tensor creation; so do we.
     r._seq = next(_creation_order)
     return r
@@ -319,6 +341,7 @@ def mark_uploaded(t: Any, rt: Any) -> None:
     """``t``'s data has just been moved from the host to its device(s)."""
     t._on_host = False
     t._uploaded_at = rt.step_barriers
+    t._moved_at = None
     t._computed = False
 
 
@@ -326,7 +349,26 @@ def upload_deferred(t: XlaSimTensor, rt: Any) -> None:
     """The SPMD upload torch_xla deferred from ``.to('xla')`` to the tensor's first use."""
     start = time.perf_counter_ns()
     rt.metrics.to_device(memory.sent_bytes(rt, t), start)
+    moved_at = t._moved_at
     mark_uploaded(t, rt)
+    t._moved_at = moved_at
+    rt.graphs.moved_in_use.append(weakref.ref(t))
+
+
+def _replicate_moved(src: XlaSimTensor, rt: Any) -> None:
+    """Cloning or copying data moved from the host under SPMD uploads it replicated:
+    torch_xla 2.9 then reports ``'{replicated}'`` for the source at once (and for the copy,
+    which takes the source's spec), where a mere use leaves it ``''`` until the next step
+    barrier. A pending value or a factory's output is not moved data and stays ``''``."""
+    if (
+        rt.spmd
+        and src._sharding is None
+        and src._node is None
+        and not src._computed
+        and src._uploaded_at is not None
+    ):
+        src._sharding = TensorSharding(OpSharding.replicated(), tuple(src.shape))
+        src._spec_on_ir = True
 
 
 def _take(
@@ -631,6 +673,7 @@ def _copy_(func, args, kwargs):
         if runtime.spmd:
             # torch_xla keeps the data on the host until it is sharded or used.
             dst._on_host, dst._computed = True, False
+            dst._moved_at = runtime.step_barriers
         else:
             runtime.metrics.to_device(_nbytes(dst._elem), start)
             mark_uploaded(dst, runtime)
@@ -642,7 +685,13 @@ def _copy_(func, args, kwargs):
             raise dry_run.needs_values(f"copying a device tensor into a {dst.device.type} tensor")
         dst.copy_(src._elem, **kwargs)
         return dst
-    return _run_op(func, args, kwargs)
+    out = _run_op(func, args, kwargs)
+    if isinstance(src, XlaSimTensor):
+        _replicate_moved(src, src._rt)
+        if src._sharding is not None:
+            # The destination takes a sharded source's spec; an unsharded one leaves its own.
+            out._sharding = src._sharding
+    return out
 
 
 def _local_scalar_dense(func, args, kwargs):
@@ -675,8 +724,10 @@ def _nbytes(t: torch.Tensor) -> int:
 
 def _clone(func, args, kwargs):
     out = _run_op(func, args, kwargs)
+    src = args[0]
+    _replicate_moved(src, src._rt)
     # torch_xla's clone gives the copy its source's sharding spec (data or annotation alike).
-    out._sharding = args[0]._sharding
+    out._sharding = src._sharding
     return out
 
 
