@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from xlasim.runtime import optimizer_steps, state
+from xlasim.runtime import manual, optimizer_steps, state
 from xlasim.runtime.debug_info import tensor_debug_info
 from xlasim.runtime.errors import expected_xla_tensor
 from xlasim.runtime.graph import CompileError
@@ -512,15 +512,18 @@ def _global_tensor_from_cpu_shards(
 
 
 # -- manual sharding ---------------------------------------------------------------------------
+def _manual_spec(x: Any) -> TensorSharding:
+    return TensorSharding(OpSharding([], [], [], ProtoType.MANUAL), x.shape)
+
+
 def _spmd_full_to_shard_shape(t: Any) -> Any:
     x = xla_tensor(t)
     sharding = x._sharding
     if sharding is None:
         raise check_failed("sharding_spec != nullptr", "Input tensor is not sharded")
-    raise NotImplementedError(
-        "manual sharding (_spmd_full_to_shard_shape / enable_manual_sharding): the simulator "
-        "runs one global program and cannot run a different computation on each device's shard"
-    )
+    out = manual.full_to_shard(_rt(), x, sharding)
+    out._sharding = _manual_spec(out)
+    return out
 
 
 def _spmd_shard_to_full_shape(
@@ -533,9 +536,9 @@ def _spmd_shard_to_full_shape(
             "sharding_spec != nullptr && sharding_spec->sharding.type() == xla::OpSharding::MANUAL",
             "Input tensor is not manual sharded",
         )
-    raise NotImplementedError(
-        "manual sharding (_spmd_shard_to_full_shape / disable_manual_sharding) is not simulated"
-    )
+    out, spec = manual.shard_to_full(_rt(), x, sharding, list(output_shape), output_dtype)
+    out._sharding = spec
+    return out
 
 
 # -- input sharding (parallel loader) ----------------------------------------------------------
