@@ -128,6 +128,15 @@ class XlaSimTensor(torch.Tensor):
             raise TypeError(f"unsupported format string passed to {name}.__format__")
         return str(self)
 
+    def __coerce_same_metadata_as_tangent__(
+        self, expected_metadata: Any, expected_type: type | None = None
+    ) -> XlaSimTensor | None:
+        # AOTAutograd expects a plain torch.Tensor tangent, which is what a torch_xla device
+        # tensor is; this wrapper class is the simulator's way of being one.
+        if expected_type not in (None, torch.Tensor) or expected_metadata is not None:
+            return None
+        return self
+
     def tolist(self) -> Any:
         return self.cpu().tolist()
 
