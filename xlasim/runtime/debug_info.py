@@ -47,6 +47,20 @@ def _ir_line(rt: Any, t: Any, device: str, shape: str) -> str:
     )
 
 
+def holds_data_ir(rt: Any, t: Any) -> bool:
+    """Whether torch_xla holds ``t`` as a ``device_data`` IR value (not plain data, not a
+    pending op); NotImplementedError for the states whose IR the simulator does not know."""
+    if t._node is not None:
+        raise _unknown(f"a pending op's IR node (the result of {t._node.op})")
+    device = "SPMD:0" if rt.spmd else rt.real_devices()[t._device.index or 0]
+    return _ir_line(rt, t, device, xla_shape(t)) != "IR: None"
+
+
+def layout(t: Any) -> str:
+    """XLA's default layout of ``t`` as HLO text writes it after the shape."""
+    return _layout(t)
+
+
 def _data_lines(rt: Any, t: Any, ir: str, device: str, shape: str) -> list[str]:
     sharding = t._sharding
     if rt.spmd and sharding is not None:

@@ -21,6 +21,7 @@ from xlasim.runtime import manual, optimizer_steps, state
 from xlasim.runtime.debug_info import tensor_debug_info
 from xlasim.runtime.errors import expected_xla_tensor
 from xlasim.runtime.graph import CompileError
+from xlasim.runtime.hlo_text import tensors_hlo
 from xlasim.runtime.memory import reserve, reshard, sent_bytes, settle
 from xlasim.runtime.shards import (
     assemble_from_hosts,
@@ -574,6 +575,10 @@ class XlaShardingSpec(TensorSharding):
             shape[0] = shape[0] * num_global // num_local
         op = OpSharding(tile_assignment, group_assignment, replication_groups, sharding_type)
         super().__init__(op, shape, minibatch)
+
+
+def _get_xla_tensors_hlo(tensors: Sequence[Any]) -> str:
+    return tensors_hlo(_rt(), [xla_tensor(t) for t in tensors])
 
 
 def _get_xla_tensor_debug_info(t: Any) -> str:
