@@ -34,7 +34,10 @@ def _ir_line(rt: Any, t: Any, device: str, shape: str) -> str:
     if t._on_host or t._computed:
         return "IR: None"
     if t._uploaded_at is None:
-        raise _unknown("a tensor made on the device (factory functions, loaded shards)")
+        raise _unknown(
+            "a tensor made on the device (factory functions, loaded shards) or data under "
+            "annotate_custom_sharding"
+        )
     if rt.spmd:
         if t._sharding is None and t._uploaded_at != rt.step_barriers:
             # torch_xla's barrier gives the replicated upload a sharding of its own.

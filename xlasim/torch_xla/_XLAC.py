@@ -343,6 +343,10 @@ def _set_sharding(x: Any, sharding: TensorSharding) -> None:
 
 def _annotate_custom(x: Any, new: TensorSharding) -> None:
     state.count("XlaAnnotateCustomSharding")
+    if not _is_pending_ir(x):
+        # torch_xla puts a custom-sharding IR node over the data, which the simulator does
+        # not record: its debug and HLO text are not known.
+        x._computed, x._uploaded_at = False, None
     _set_sharding(x, new)
 
 
