@@ -108,20 +108,18 @@ def test_classes_match_behaviour() -> None:
 
         # all_reduce is `partly`: one replica works, more raise NotImplementedError.
         assert xm.all_reduce(xm.REDUCE_SUM, [1.0]) == [1.0]
-        # enable_manual_sharding has no raise of its own: the _XLAC binding it calls refuses.
+        # enable_manual_sharding runs: the binding it calls no longer refuses.
         xr.use_spmd()
         t = torch.zeros(4, 4).to("xla")
         mesh = xs.Mesh(np.arange(4), (4,), ("data",))
-        xs.mark_sharding(t, mesh, ("data", None))
-        with pytest.raises(NotImplementedError, match="manual sharding"):
-            xs.enable_manual_sharding(t, ("data", None), mesh=mesh)
+        assert xs.enable_manual_sharding(t, ("data", None), mesh=mesh).shape == (1, 4)
     assert entries == {
         ("torch_xla.core.xla_model", None): sm.SIMULATED,
         ("torch_xla.core.xla_model", "mark_step"): sm.SIMULATED,
         ("torch_xla.core.xla_model", "all_reduce"): sm.PARTLY,
         ("torch_xla.core.xla_model", "no_such_name"): sm.ABSENT,
         ("torch_xla.distributed.spmd", None): sm.SIMULATED,
-        ("torch_xla.distributed.spmd", "enable_manual_sharding"): sm.PARTLY,
+        ("torch_xla.distributed.spmd", "enable_manual_sharding"): sm.SIMULATED,
         ("torch_xla.experimental.custom_kernel", None): sm.ABSENT,
     }
     with (

@@ -42,7 +42,10 @@ def _ir_line(rt: Any, t: Any, device: str, shape: str) -> str:
     if t._on_host or t._computed:
         return "IR: None"
     if t._uploaded_at is None:
-        raise _unknown("a tensor made on the device (factory functions, loaded shards)")
+        raise _unknown(
+            "a tensor made on the device (factory functions, loaded shards) or data under "
+            "annotate_custom_sharding"
+        )
     if rt.spmd:
         if t._sharding is None and t._uploaded_at != rt.step_barriers and t._moved_at is None:
             # torch_xla's barrier gives the replicated upload a sharding of its own.
@@ -63,6 +66,20 @@ def _sharded_data_lines(rt: Any, spec: str, device: str, shape: str) -> list[str
         f"  OpSharding: {spec}",
         f"  NumShards: {len(rt.addressable_device_ids())}",
     ]
+
+
+def holds_data_ir(rt: Any, t: Any) -> bool:
+    """Whether torch_xla holds ``t`` as a ``device_data`` IR value (not plain data, not a
+    pending op); NotImplementedError for the states whose IR the simulator does not know."""
+    if t._node is not None:
+        raise _unknown(f"a pending op's IR node (the result of {t._node.op})")
+    device = "SPMD:0" if rt.spmd else rt.real_devices()[t._device.index or 0]
+    return _ir_line(rt, t, device, xla_shape(t)) != "IR: None"
+
+
+def layout(t: Any) -> str:
+    """XLA's default layout of ``t`` as HLO text writes it after the shape."""
+    return _layout(t)
 
 
 def _data_lines(rt: Any, t: Any, ir: str, device: str, shape: str) -> list[str]:

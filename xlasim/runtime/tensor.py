@@ -79,6 +79,9 @@ class XlaSimTensor(torch.Tensor):
     _buf: Any
     """The device buffer holding its data (``xlasim.runtime.hbm.Buffer``), None while the
     value is pending (computed since the last sync, not yet materialized)."""
+    _manual: list[torch.Tensor] | None
+    """Under manual sharding, each device's own value (in global device order; ``_elem`` is
+    the first): ops on it run once per device, as the partitioned program does."""
 
     __slots__ = (
         "_elem",
@@ -95,6 +98,7 @@ class XlaSimTensor(torch.Tensor):
         "_device",
         "_rt",
         "_buf",
+        "_manual",
     )
 
     @staticmethod
@@ -135,6 +139,15 @@ class XlaSimTensor(torch.Tensor):
             name = "Parameter" if self._is_parameter() else "Tensor"
             raise TypeError(f"unsupported format string passed to {name}.__format__")
         return str(self)
+
+    def __coerce_same_metadata_as_tangent__(
+        self, expected_metadata: Any, expected_type: type | None = None
+    ) -> XlaSimTensor | None:
+        # AOTAutograd expects a plain torch.Tensor tangent, which is what a torch_xla device
+        # tensor is; this wrapper class is the simulator's way of being one.
+        if expected_type not in (None, torch.Tensor) or expected_metadata is not None:
+            return None
+        return self
 
     def tolist(self) -> Any:
         return self.cpu().tolist()
@@ -178,33 +191,35 @@ class XlaSimTensor(torch.Tensor):
             # handler unwraps it and comes back here with xla tensors only.
             return NotImplemented
         info = _op_info(func)
+        if _MANUAL_SEEN and _any_manual(args, kwargs):
+            return _run_per_device(info, args, kwargs or {})
         if info.handler is not None:
             return info.handler(func, args, kwargs or {})
         if info.identity:
-            src = args[0]
-            runtime = _runtime.current()
-            if src._rt is not runtime:
-                raise _foreign(src, runtime)
-            out = _new(info.call(src._elem), src._device, src._node, runtime)
-            out._sharding = src._sharding
-            out._buf = src._buf  # the same value: one buffer
-            # The alias holds the same data in the same state (on the host still, moved at
-            # the same barrier...); torch_xla uploads each alias at its own first use.
-            out._on_host, out._uploaded_at, out._moved_at = (
-                src._on_host,
-                src._uploaded_at,
-                src._moved_at,
-            )
-            out._computed, out._spec_on_ir = src._computed, src._spec_on_ir
-            if src._node is not None:
-                runtime.graphs.pending.append(weakref.ref(out))
-            return out
+            return _identity(info, args[0])
         if _graph.RECORD_CALLS:
             return _run_recorded(info, args, kwargs)
         return _run(info, args, kwargs)
 
 
 _make_wrapper = torch.Tensor._make_wrapper_subclass
+
+
+def _identity(info: _OpInfo, src: XlaSimTensor) -> XlaSimTensor:
+    """An op whose result is its input's IR value (no new node)."""
+    runtime = _runtime.current()
+    if src._rt is not runtime:
+        raise _foreign(src, runtime)
+    out = _new(info.call(src._elem), src._device, src._node, runtime)
+    out._sharding = src._sharding
+    out._buf = src._buf  # the same value: one buffer
+    # The alias holds the same data in the same state (on the host still, moved at the same
+    # barrier...); torch_xla uploads each alias at its own first use.
+    out._on_host, out._uploaded_at, out._moved_at = src._on_host, src._uploaded_at, src._moved_at
+    out._computed, out._spec_on_ir = src._computed, src._spec_on_ir
+    if src._node is not None:
+        runtime.graphs.pending.append(weakref.ref(out))
+    return out
 
 
 def _new(elem: torch.Tensor, device: torch.device, node: Node | None, rt: Any) -> XlaSimTensor:
@@ -229,6 +244,7 @@ def _new(elem: torch.Tensor, device: torch.device, node: Node | None, rt: Any) -
     r._node = node
     r._sharding = None
     r._buf = None
+    r._manual = None
     r._leaf = None
     # True while pending IR updates device data in place (XLA aliases that buffer).
     r._aliased = False
@@ -451,6 +467,109 @@ def _run(info: _OpInfo, args: Any, kwargs: Any) -> Any:
     return out
 
 
+# Set once a manual-sharded value exists: until then no op looks for per-device values.
+_MANUAL_SEEN = False
+
+
+def _any_manual(args: Any, kwargs: dict[str, Any] | None) -> bool:
+    for a in itertools.chain(args, (kwargs or {}).values()):
+        if type(a) is XlaSimTensor and a._manual is not None:
+            return True
+        if (type(a) is list or type(a) is tuple) and any(
+            type(x) is XlaSimTensor and x._manual is not None for x in a
+        ):
+            return True
+    return False
+
+
+def make_manual(t: XlaSimTensor, values: list[torch.Tensor]) -> XlaSimTensor:
+    """Gives ``t`` one value per device (``values[0]`` must be its ``_elem``)."""
+    global _MANUAL_SEEN
+    _MANUAL_SEEN = True
+    t._manual = values
+    return t
+
+
+def _device_arg(a: Any, d: int, op: Any) -> Any:
+    """Argument ``a`` as device ``d`` sees it inside a manual region."""
+    if type(a) is XlaSimTensor:
+        if a._manual is not None:
+            return a._manual[d]
+        if a._sharding is not None and not a._sharding.is_replicated:
+            raise NotImplementedError(
+                f"xlasim: {op} mixes a manual-sharded tensor with one sharded "
+                f"{a._sharding.spec_string()}; only replicated tensors (the same value on "
+                f"every device) can join a manual region in the simulator"
+            )
+        return a._elem
+    if type(a) is list or type(a) is tuple:
+        return type(a)(_device_arg(x, d, op) for x in a)
+    if isinstance(a, torch.device) and a.type == "xla":
+        return _CPU
+    return a
+
+
+def _leaves_device(op: Any, args: Any, kwargs: dict[str, Any]) -> bool:
+    if op is aten._local_scalar_dense.default:
+        return True
+    if op is aten._to_copy.default:
+        target = _to_device_target(kwargs)
+        return target is not None and target.type != "xla"
+    if op is aten.copy_.default:
+        return not all(type(a) is XlaSimTensor for a in args[:2])
+    return False
+
+
+def _run_per_device(info: _OpInfo, args: Any, kwargs: dict[str, Any]) -> Any:
+    """An op on manual-sharded values: one IR node (as in torch_xla), computed on every
+    device's own values; the results are manual too."""
+    op = info.op
+    if _leaves_device(op, args, kwargs):
+        raise NotImplementedError(
+            "xlasim: moving a manual-sharded tensor between the host and the devices; its "
+            "devices hold different values until xs.disable_manual_sharding (or "
+            "_spmd_shard_to_full_shape) makes it one tensor again, which torch_xla needs too "
+            "(it aborts the process there)"
+        )
+    if info.generator:
+        raise NotImplementedError(f"xlasim: random op {op} on a manual-sharded tensor")
+    if _graph.RECORD_CALLS:
+        raise NotImplementedError(
+            "xlasim: manual sharding with a real compiler (compiler='libtpu' or a dry run)"
+        )
+    if info.identity:
+        out = _identity(info, args[0])
+        return make_manual(out, [out._elem, *(info.call(v) for v in args[0]._manual[1:])])
+    if op._schema.is_mutable:
+        first = args[0] if args else None
+        if not (type(first) is XlaSimTensor and first._manual is not None):
+            raise NotImplementedError(
+                f"xlasim: in-place {op} writes manual-sharded values into a tensor that is "
+                f"not manual-sharded"
+            )
+    lists = (a for a in itertools.chain(args, kwargs.values()) if type(a) in (list, tuple))
+    manual = next(
+        a._manual
+        for a in itertools.chain(args, kwargs.values(), *lists)
+        if type(a) is XlaSimTensor and a._manual is not None
+    )
+    out = _run(info, args, kwargs)  # the first device's values, and the node
+    per_device = [out]
+    for d in range(1, len(manual)):
+        d_args = [_device_arg(a, d, op) for a in args]
+        d_kwargs = {k: _device_arg(v, d, op) for k, v in kwargs.items()}
+        per_device.append(info.call(*d_args, **d_kwargs))
+    if type(out) is XlaSimTensor:
+        make_manual(out, [out._elem, *per_device[1:]])
+    elif isinstance(out, (tuple, list)):
+        for i, o in enumerate(out):
+            if type(o) is XlaSimTensor:
+                make_manual(o, [o._elem, *(r[i] for r in per_device[1:])])
+    if op is aten.clone.default:
+        out._sharding = args[0]._sharding
+    return out
+
+
 class _StableIds(dict):
     """``stable_id`` as a dict lookup (no Python call once a key has been seen)."""
 
@@ -546,6 +665,21 @@ def _run_recorded(info: _OpInfo, args: Any, kwargs: Any) -> Any:
             # One args tuple for all outputs of the call: a replay runs the op once.
             o._node.call = RecordedCall(recorded_args, recorded_kwargs, index)
     return out
+
+
+def derived(src: XlaSimTensor, value: torch.Tensor, op: str, key: Any = 0) -> XlaSimTensor:
+    """A pending result of IR op ``op`` (one of torch_xla's own nodes, not an aten op) on
+    ``src``, with ``key`` (ints) covering its other attributes in the graph hash."""
+    runtime = owned(src)
+    parts: list[Any] = [stable_id(op), key]
+    inputs: list[Any] = []
+    _take(src, parts, inputs, [], runtime)
+    node = Node(
+        hash((hash(tuple(parts)), 0, value.shape, _DTYPE_KEYS[value.dtype])), op, tuple(inputs)
+    )
+    t = _new(value, src._device, node, runtime)
+    runtime.graphs.pending.append(weakref.ref(t))
+    return t
 
 
 def wrap_data(

@@ -17,10 +17,11 @@ from typing import Any
 
 import torch
 
-from xlasim.runtime import optimizer_steps, state
+from xlasim.runtime import manual, optimizer_steps, state
 from xlasim.runtime.debug_info import tensor_debug_info
 from xlasim.runtime.errors import expected_xla_tensor
 from xlasim.runtime.graph import CompileError
+from xlasim.runtime.hlo_text import tensors_hlo
 from xlasim.runtime.memory import reserve, reshard, sent_bytes, settle
 from xlasim.runtime.shards import (
     assemble_from_hosts,
@@ -342,6 +343,10 @@ def _set_sharding(x: Any, sharding: TensorSharding) -> None:
 
 def _annotate_custom(x: Any, new: TensorSharding) -> None:
     state.count("XlaAnnotateCustomSharding")
+    if not _is_pending_ir(x):
+        # torch_xla puts a custom-sharding IR node over the data, which the simulator does
+        # not record: its debug and HLO text are not known.
+        x._computed, x._uploaded_at = False, None
     _set_sharding(x, new)
 
 
@@ -512,15 +517,18 @@ def _global_tensor_from_cpu_shards(
 
 
 # -- manual sharding ---------------------------------------------------------------------------
+def _manual_spec(x: Any) -> TensorSharding:
+    return TensorSharding(OpSharding([], [], [], ProtoType.MANUAL), x.shape)
+
+
 def _spmd_full_to_shard_shape(t: Any) -> Any:
     x = xla_tensor(t)
     sharding = x._sharding
     if sharding is None:
         raise check_failed("sharding_spec != nullptr", "Input tensor is not sharded")
-    raise NotImplementedError(
-        "manual sharding (_spmd_full_to_shard_shape / enable_manual_sharding): the simulator "
-        "runs one global program and cannot run a different computation on each device's shard"
-    )
+    out = manual.full_to_shard(_rt(), x, sharding)
+    out._sharding = _manual_spec(out)
+    return out
 
 
 def _spmd_shard_to_full_shape(
@@ -533,9 +541,9 @@ def _spmd_shard_to_full_shape(
             "sharding_spec != nullptr && sharding_spec->sharding.type() == xla::OpSharding::MANUAL",
             "Input tensor is not manual sharded",
         )
-    raise NotImplementedError(
-        "manual sharding (_spmd_shard_to_full_shape / disable_manual_sharding) is not simulated"
-    )
+    out, spec = manual.shard_to_full(_rt(), x, sharding, list(output_shape), output_dtype)
+    out._sharding = spec
+    return out
 
 
 # -- input sharding (parallel loader) ----------------------------------------------------------
@@ -571,6 +579,10 @@ class XlaShardingSpec(TensorSharding):
             shape[0] = shape[0] * num_global // num_local
         op = OpSharding(tile_assignment, group_assignment, replication_groups, sharding_type)
         super().__init__(op, shape, minibatch)
+
+
+def _get_xla_tensors_hlo(tensors: Sequence[Any]) -> str:
+    return tensors_hlo(_rt(), [xla_tensor(t) for t in tensors])
 
 
 def _get_xla_tensor_debug_info(t: Any) -> str:
