@@ -14,8 +14,17 @@ first logged losses, and the error line (the exception that ended the run).
     python bench/upstream_examples.py /path/to/xla/examples --sim-python PY [--real-python PY]
         [--only NAME ...] [--timeout 600] [--jobs 1] [--nice 10] [--mem-gb 8] [--json out.json]
 
-The ResNet programs need ``torchvision`` importable by both interpreters (give it through
-``--real-env``/``--sim-env PYTHONPATH=...`` when a venv lacks it).
+The ResNet programs need ``torchvision`` (and Pillow, which it imports) importable by both
+interpreters (give it through ``--real-env``/``--sim-env PYTHONPATH=...`` when a venv lacks it),
+e.g. with torch 2.9 + torch_xla 2.9 in one venv, which also runs the simulator:
+
+    pip install --target TV --no-deps torchvision==0.24.0 pillow
+    python bench/upstream_examples.py EXAMPLES --sim-python VENV/bin/python \
+        --real-python VENV/bin/python --sim-env PYTHONPATH=CHECKOUT:TV --real-env PYTHONPATH=TV
+
+The ResNet-50 programs (batch 128 at 224x224) and the decoders at their built-in size
+(intermediate size 32768) are TPU-sized: a step needs more than the default 8 GiB cap on either
+side, so on a small machine they end with the allocator's error before their first logged step.
 """
 
 from __future__ import annotations

@@ -291,6 +291,11 @@ class GraphCache:
         self.initialized = False
         # The real compiler every graph also goes to (``runtime.libtpu_compiler``), if any.
         self.compiler: GraphCompiler | None = None
+        # torch_xla's graph-executor switches: eager mode runs each op as its own graph;
+        # ``torch_xla.compile(full_graph=True)`` forbids executing until its closing sync.
+        self.use_eager_mode = False
+        self.allow_execution = True
+        self.graph_name = ""
 
     # -- persistent cache --------------------------------------------------------------
     def _persistent_dir(self) -> tuple[str | None, bool]:
@@ -357,18 +362,25 @@ class GraphCache:
         live.sort(key=lambda t: t._seq)
         return live
 
-    def execute(self, tensors: list[Any], *, sync_all: bool, spmd: bool) -> None:
+    def execute(
+        self, tensors: list[Any], *, sync_all: bool, spmd: bool, eager: bool = False
+    ) -> None:
         """Compiles (or reuses) and "runs" the graph that materializes ``tensors``.
 
         With a real compiler attached, a graph it has not compiled yet goes to it first; a
         compile error (a graph that does not fit) leaves the tensors pending, as a failed
-        sync does in torch_xla.
+        sync does in torch_xla. ``eager``: one op's own graph, run as eager mode does (torch_xla
+        times those under the EagerOp* metrics). While execution is forbidden (inside
+        ``torch_xla.compile(full_graph=True)``) a graph to run raises torch_xla's RuntimeError
+        and leaves the tensors pending.
         """
         tensors = [t for t in tensors if t._node is not None]
         if not tensors:
             if sync_all:
                 self.pending = []
             return
+        if not self.allow_execution:
+            raise _unexpected_execution(self.graph_name, len(tensors))
         start = time.perf_counter_ns()
         nodes = [t._node for t in tensors]
         key = hash(tuple(n.hash for n in nodes))
@@ -392,7 +404,9 @@ class GraphCache:
             self._store(record)
             if not cached:
                 metrics.add_sample("InputOutputAliasCount", _buffer_donors(tensors, sync_all))
-                metrics.add_sample("CompileTime", time.perf_counter_ns() - start)
+                metrics.add_sample(
+                    "EagerOpCompileTime" if eager else "CompileTime", time.perf_counter_ns() - start
+                )
                 metrics.inc("CreateCompileHandles")  # the runtime's compiled executable
         self.last_at_site[site] = record
         record.executions += 1
@@ -410,7 +424,38 @@ class GraphCache:
             metrics.add_sample("ExecuteReplicatedTime", time.perf_counter_ns() - start)
         else:
             metrics.inc("ExecuteComputation")
-            metrics.add_sample("ExecuteTime", time.perf_counter_ns() - start)
+            metrics.add_sample(
+                "EagerOpExecuteTime" if eager else "ExecuteTime", time.perf_counter_ns() - start
+            )
+
+
+_UNEXPECTED = "Unexpected Execution Analysis: "
+
+
+def _unexpected_execution(graph_name: str, outputs: int) -> RuntimeError:
+    """torch_xla's error for a graph executed where ``torch_xla.compile(full_graph=True)``
+    forbids it; the analysis it prints first says where, so the user can find the culprit."""
+    lines = ["", "=" * 80, "Execution Cause", "  user code needs a tensor's value (or a sync)"]
+    lines.append("Graph Info: ")
+    if graph_name:
+        lines.append(f"  Graph Name: {graph_name}")
+    lines += [f"  Number of Graph Outputs: {outputs}", "Python Frame Triggered Execution: "]
+    lines += [f"  {site}" for site in _python_frames(8)]
+    lines += ["-" * 80, "=" * 80]
+    print("\n".join(_UNEXPECTED + line if line else line for line in lines), file=sys.stderr)
+    return RuntimeError("Unexpected execution happens inside the compiled function, exiting\n")
+
+
+def _python_frames(limit: int) -> list[str]:
+    """The innermost ``limit`` Python frames outside the libraries, as 'function (file:line)'."""
+    frames: list[str] = []
+    frame = sys._getframe(1)
+    while frame is not None and len(frames) < limit:
+        code = frame.f_code
+        if not code.co_filename.startswith(_LIBRARY_DIRS):
+            frames.append(f"{code.co_name} ({code.co_filename}:{frame.f_lineno})")
+        frame = frame.f_back  # type: ignore[assignment]
+    return frames
 
     def settle_moved_data(self) -> None:
         """At a step barrier, moved data that an op used since the previous one becomes

@@ -194,12 +194,17 @@ class XlaSimTensor(torch.Tensor):
         if _MANUAL_SEEN and _any_manual(args, kwargs):
             return _run_per_device(info, args, kwargs or {})
         if info.handler is not None:
-            return info.handler(func, args, kwargs or {})
-        if info.identity:
+            out = info.handler(func, args, kwargs or {})
+        elif info.identity:
             return _identity(info, args[0])
-        if _graph.RECORD_CALLS:
-            return _run_recorded(info, args, kwargs)
-        return _run(info, args, kwargs)
+        elif _graph.RECORD_CALLS:
+            out = _run_recorded(info, args, kwargs)
+        else:
+            out = _run(info, args, kwargs)
+        graphs = _runtime.current().graphs
+        if graphs.use_eager_mode:
+            _run_eagerly(graphs, out)
+        return out
 
 
 _make_wrapper = torch.Tensor._make_wrapper_subclass
@@ -600,6 +605,14 @@ def _wrap_output(o, index, func, base, inputs, device, existing, pending, rt):
     t = _new(o, device, node, rt)
     pending.append(weakref.ref(t))
     return t
+
+
+def _run_eagerly(graphs: Any, out: Any) -> None:
+    """Eager mode: the op's results run now, as a graph of their own."""
+    outputs = out if isinstance(out, (tuple, list)) else (out,)
+    pending = [o for o in outputs if type(o) is XlaSimTensor and o._node is not None]
+    if pending:
+        graphs.execute(pending, sync_all=False, spmd=_runtime.current().spmd, eager=True)
 
 
 def _run_op(func: Any, args: Any, kwargs: Any) -> Any:

@@ -153,6 +153,30 @@ def _xla_step_marker(
         raise ValueError(str(exc)) from None
 
 
+def _set_use_eager_mode(use_eager_mode: bool) -> None:
+    _rt().graphs.use_eager_mode = bool(use_eager_mode)
+
+
+def _get_use_eager_mode() -> bool:
+    return _rt().graphs.use_eager_mode
+
+
+def _set_allow_execution(allow_execution: bool) -> None:
+    _rt().graphs.allow_execution = bool(allow_execution)
+
+
+def _get_allow_execution() -> bool:
+    return _rt().graphs.allow_execution
+
+
+def _set_current_graph_name(name: str) -> None:
+    _rt().graphs.graph_name = str(name)
+
+
+def _get_current_graph_name() -> str:
+    return _rt().graphs.graph_name
+
+
 def _xla_sync_multi(
     tensors: list[torch.Tensor], devices: Any = (), wait: bool = True, sync_xla_data: bool = True
 ) -> None:

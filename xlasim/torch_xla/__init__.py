@@ -4,6 +4,7 @@ import torch  # noqa: F401 - real torch_xla imports torch first as well
 
 from . import (
     _XLAC,  # noqa: F401
+    experimental,  # noqa: E402,F401 - torch_xla.experimental.eager_mode() needs no import
     runtime,  # noqa: E402,F401
 )
 from .core import xla_model  # noqa: E402,F401

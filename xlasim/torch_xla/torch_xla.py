@@ -65,24 +65,37 @@ def compile(
     name: str | None = None,
     max_different_graphs: int | None = None,
 ) -> Any:
-    """Traces ``f`` (or the ``with`` body) into graphs, syncing before and after."""
-    if full_graph:
-        raise NotImplementedError(
-            "xlasim does not simulate torch_xla.compile(full_graph=True): it cannot tell "
-            "when real torch_xla would split the traced function into several graphs"
-        )
+    """Traces ``f`` (or the ``with`` body) into graphs with eager mode off, syncing before and
+    after; ``full_graph`` makes any execution before the closing sync an error (torch_xla's
+    RuntimeError), so the traced region is one graph."""
     if max_different_graphs is not None:
         raise NotImplementedError(
             "xlasim does not simulate torch_xla.compile(max_different_graphs=...)"
         )
+    if name is None and f is not None:
+        name = getattr(f, "__name__", None) or str(f)
 
     @contextlib.contextmanager
     def _compile():
-        sync()
+        saved = (
+            _XLAC._get_use_eager_mode(),
+            _XLAC._get_allow_execution(),
+            _XLAC._get_current_graph_name(),
+        )
+        _XLAC._set_use_eager_mode(False)
+        if name is not None:
+            _XLAC._set_current_graph_name(f"{name}_clear_pending")
+        sync()  # what was pending before the call is not part of the compiled graph
+        if name is not None:
+            _XLAC._set_current_graph_name(name)
+        _XLAC._set_allow_execution(not full_graph)
         try:
             yield
         finally:
+            _XLAC._set_allow_execution(saved[1])
             sync()
+            _XLAC._set_use_eager_mode(saved[0])
+            _XLAC._set_current_graph_name(saved[2])
 
     return _compile() if f is None else _compile()(f)
 
