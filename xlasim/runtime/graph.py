@@ -428,6 +428,25 @@ class GraphCache:
                 "EagerOpExecuteTime" if eager else "ExecuteTime", time.perf_counter_ns() - start
             )
 
+    def settle_moved_data(self) -> None:
+        """At a step barrier, moved data that an op used since the previous one becomes
+        replicated device data: torch_xla's barrier syncs its ``device_data`` IR value,
+        uploading it replicated, whether or not the op's result is still alive (measured on
+        torch_xla 2.9: ``''`` before the barrier, ``'{replicated}'`` after). Data sharded or
+        updated in place meanwhile keeps what it got."""
+        for ref in self.moved_in_use:
+            t = ref()
+            if t is None or t._node is not None or t._computed:
+                continue
+            if t._sharding is None or t._spec_on_ir:
+                if t._sharding is None:
+                    t._sharding = TensorSharding(OpSharding.replicated(), tuple(t.shape))
+                t._spec_on_ir = False
+                # Used before any barrier uploaded it, its IR value is now plain device data;
+                # uploaded by an earlier barrier, torch_xla keeps the device_data IR value.
+                t._computed = t._moved_at is None or t._moved_at == t._uploaded_at
+        self.moved_in_use = []
+
 
 _UNEXPECTED = "Unexpected Execution Analysis: "
 
@@ -456,25 +475,6 @@ def _python_frames(limit: int) -> list[str]:
             frames.append(f"{code.co_name} ({code.co_filename}:{frame.f_lineno})")
         frame = frame.f_back  # type: ignore[assignment]
     return frames
-
-    def settle_moved_data(self) -> None:
-        """At a step barrier, moved data that an op used since the previous one becomes
-        replicated device data: torch_xla's barrier syncs its ``device_data`` IR value,
-        uploading it replicated, whether or not the op's result is still alive (measured on
-        torch_xla 2.9: ``''`` before the barrier, ``'{replicated}'`` after). Data sharded or
-        updated in place meanwhile keeps what it got."""
-        for ref in self.moved_in_use:
-            t = ref()
-            if t is None or t._node is not None or t._computed:
-                continue
-            if t._sharding is None or t._spec_on_ir:
-                if t._sharding is None:
-                    t._sharding = TensorSharding(OpSharding.replicated(), tuple(t.shape))
-                t._spec_on_ir = False
-                # Used before any barrier uploaded it, its IR value is now plain device data;
-                # uploaded by an earlier barrier, torch_xla keeps the device_data IR value.
-                t._computed = t._moved_at is None or t._moved_at == t._uploaded_at
-        self.moved_in_use = []
 
 
 def _buffer_donors(tensors: list[Any], step_barrier: bool) -> int:
