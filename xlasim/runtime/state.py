@@ -29,6 +29,15 @@ TORCH_XLA_ENV = (
     "XLA_PERSISTENT_CACHE_PATH",
     "XLA_PERSISTENT_CACHE_READ_ONLY",
     "PJRT_DEVICE",
+    # What xmp.spawn's launcher sets for a process that owns one chip.
+    "PJRT_LOCAL_PROCESS_RANK",
+    "PJRT_LOCAL_PROCESS_COUNT",
+    "TPU_VISIBLE_CHIPS",
+    "TPU_CHIPS_PER_PROCESS_BOUNDS",
+    "TPU_PROCESS_BOUNDS",
+    "TPU_PROCESS_ADDRESSES",
+    "TPU_PROCESS_PORT",
+    "CLOUD_TPU_TASK_ID",
 )
 
 
@@ -68,6 +77,8 @@ class SimRuntime:
     """Per-chip HBM: the live device buffers (``xlasim.runtime.memory``)."""
     hosts: HostLink | None = None
     """Joined on first use, on multi-host slices only."""
+    replicas: HostLink | None = None
+    """The group of the processes ``xmp.spawn`` started, joined at the first collective."""
     global_mesh: Any = None
     """``xs.set_global_mesh``'s mesh (per process in torch_xla, so per runtime here)."""
     single_process: bool = False
