@@ -37,7 +37,8 @@ from xlasim.runtime.knobs import HOSTS_TIMEOUT_ENV
 from xlasim.runtime.state import HostLink, SimRuntime
 
 ADDR_ENV = "XLASIM_REPLICAS_ADDR"
-_HEADER_DIMS = 8
+# A header of dtype, rank and sizes (torch tensors have at most 64 dims).
+_HEADER_LEN = 2 + 64
 
 
 def open_store() -> tuple[dist.TCPStore, str]:
@@ -113,16 +114,11 @@ def gather(rt: SimRuntime, value: Tensor) -> Tensor:
     """Every replica process's ``value``, stacked in process order (dim 0)."""
     link = replica_link(rt)
     local = value.detach().contiguous()
-    if local.dim() > _HEADER_DIMS - 2:
-        raise NotImplementedError(
-            f"xlasim simulates collectives on tensors of up to {_HEADER_DIMS - 2} dims, "
-            f"not {local.dim()}"
-        )
     header = torch.tensor(
         [_DTYPE_CODES.get(local.dtype, -1), local.dim(), *local.shape],
         dtype=torch.int64,
     )
-    header = torch.cat([header, header.new_zeros(_HEADER_DIMS - header.numel())])
+    header = torch.cat([header, header.new_zeros(_HEADER_LEN - header.numel())])
     count = rt.client.num_processes
     headers = [torch.empty_like(header) for _ in range(count)]
     _exchange(link, headers, header)
@@ -239,8 +235,8 @@ def run_processes(
             raise value
         raise _futures_process.BrokenProcessPool(
             "A process in the process pool was terminated abruptly while the future was "
-            f"running or pending. ({value})"
-        )
+            "running or pending."
+        ) from RuntimeError(value)
     return [c.outcome[1] for c in children]  # type: ignore[index]
 
 
@@ -265,21 +261,23 @@ def _wait(children: list[_Child]) -> None:
                 child.ended_at = time.monotonic()
             return
         for child in running:
-            if child.conn in ready:
-                try:
-                    child.outcome = child.conn.recv()
-                except (EOFError, OSError):
-                    child.outcome = None
-            if child.outcome is None and child.process.sentinel in ready:
-                if child.conn.poll():
-                    child.outcome = child.conn.recv()
-                else:
-                    child.process.join()
-                    child.outcome = (
-                        "lost",
-                        f"replica process {child.rank} exited with code {child.process.exitcode}",
-                    )
+            if child.conn in ready or child.process.sentinel in ready:
+                child.outcome = _outcome(child)
             if child.outcome is not None:
                 child.ended_at = time.monotonic()
                 if child.outcome[0] != "ok" and deadline is None:
                     deadline = time.monotonic() + hosts_timeout_s()
+
+
+def _outcome(child: _Child) -> tuple[str, Any] | None:
+    """What the child sent, or how it ended without sending; None while it still runs."""
+    try:
+        if child.conn.poll():
+            return child.conn.recv()  # type: ignore[no-any-return]
+    except (EOFError, OSError):
+        pass  # its end of the pipe closed with nothing sent: it is exiting
+    else:
+        if child.process.is_alive():
+            return None
+    child.process.join(timeout=hosts_timeout_s())
+    return ("lost", f"replica process {child.rank} exited with code {child.process.exitcode}")

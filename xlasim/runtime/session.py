@@ -35,11 +35,8 @@ def attach_device(spec: SliceSpec) -> None:
     FACTORY_KERNELS.register()
     # torch_xla registers its autocast policy when it is loaded; a simulation does on entry.
     autocast.install()
-    try:
-        _check_autograd(spec)
-    except BaseException:
-        detach_device()
-        raise
+    if _check_autograd_at_start not in state.START_HOOKS:
+        state.START_HOOKS.append(_check_autograd_at_start)
 
 
 def detach_device() -> None:
@@ -58,6 +55,24 @@ def _scratch_runtime(spec: SliceSpec, client: Client | None = None) -> Iterator[
         yield
     finally:
         state.pop(scratch)
+
+
+_autograd_checking = False
+
+
+def _check_autograd_at_start(runtime: state.SimRuntime) -> None:
+    """The autograd check, at a runtime's first device use rather than on entry: its backward
+    pass starts autograd's device threads, after which a forked child can run none (PyTorch's
+    rule), and a process that forks its replicas (``xmp.spawn(start_method='fork')``) must not
+    have used a device, as on a TPU VM."""
+    global _autograd_checking
+    if _autograd_checked or _autograd_checking:
+        return
+    _autograd_checking = True
+    try:
+        _check_autograd(runtime.spec)
+    finally:
+        _autograd_checking = False
 
 
 def _check_autograd(spec: SliceSpec) -> None:

@@ -144,6 +144,8 @@ class SimRuntime:
         """What starts torch_xla's runtime (a device named or used) creates the client:
         ``client``, or the one the environment names."""
         if self._client is None:
+            for hook in START_HOOKS:
+                hook(self)
             self._client = client or client_from_env(self.spec, self.host_index)
             if not self._client.is_tpu:
                 self.memory.host_memory(self._client.num_devices)
@@ -198,6 +200,9 @@ class ProcessState:
 
 
 PROCESS = ProcessState()
+
+START_HOOKS: list[Callable[[SimRuntime], None]] = []
+"""Run before a runtime's client is created (its first device use); one may refuse by raising."""
 
 _stack: list[SimRuntime] = []
 

@@ -77,37 +77,40 @@ def initialize_multiprocess(local_rank: int, local_world_size: int) -> None:
     xm.set_replication(torch_xla.device(), devices)
 
 
-def _process_count() -> int:
-    """Processes torch_xla starts on this host, after checking the simulator can run them."""
+def unsimulated_reason() -> str | None:
+    """Why the simulator cannot start torch_xla's processes for this host, or None."""
     rt = state.current()
     if runtime.device_type() != "TPU":
         devices = env_int("CPU_NUM_DEVICES", 1) if runtime.device_type() == "CPU" else 1
         if devices > 1:
-            raise NotImplementedError(
+            return (
                 f"xlasim does not simulate xmp.spawn on the PJRT CPU client with "
                 f"CPU_NUM_DEVICES={devices}: torch_xla runs one thread per CPU device in one "
                 "process there; use CPU_NUM_DEVICES=1, or the simulated TPU host (one process "
                 "per chip)"
             )
-        return 1
+        return None
     if rt.spec.devices_per_chip > 1:
-        raise NotImplementedError(
+        return (
             f"xlasim does not simulate xmp.spawn on {rt.spec.accelerator}: each process owns "
             f"a chip of {rt.spec.devices_per_chip} devices and torch_xla runs one thread per "
             "device in it; v4, v5e, v5p and v6e (one device per chip) are simulated"
         )
-    if rt.spec.num_hosts > 1 and not rt.single_process:
-        raise NotImplementedError(
+    if rt.spec.num_hosts > 1:
+        return (
             f"xlasim does not simulate xmp.spawn on a multi-host slice ({rt.spec.pod_type}, "
-            f"{rt.spec.num_hosts} hosts): the processes of every host would meet across "
-            "hosts; use a single-host topology, or SPMD with one process per host"
+            f"{rt.spec.num_hosts} hosts): the one-chip processes of every host would have to "
+            "meet across hosts; use a single-host topology, or SPMD with one process per host"
         )
-    if rt.single_process and rt.spec.num_hosts > 1:
-        raise NotImplementedError(
-            "xlasim does not simulate xmp.spawn in a process that stands for every host of "
-            "the slice (XLASIM_SINGLE_PROCESS=1)"
-        )
-    return tpu.num_local_processes()
+    return None
+
+
+def _process_count() -> int:
+    """Processes torch_xla starts on this host: one per chip on a TPU host, else one."""
+    reason = unsimulated_reason()
+    if reason is not None:
+        raise NotImplementedError(reason)
+    return tpu.num_local_processes() if runtime.device_type() == "TPU" else 1
 
 
 def _child_environment(addr: str) -> dict[str, str]:

@@ -20,6 +20,9 @@ def spawn(
 ) -> Any:
     """``fn(global_ordinal, *args)`` in one process per local chip (``nprocs=None``), or in
     this process on one chip (``nprocs=1``); returns None, raises a process's exception."""
+    reason = pjrt.unsimulated_reason() if nprocs is None else None
+    if reason is not None:
+        raise NotImplementedError(reason)
     return pjrt.spawn(fn, nprocs=nprocs, start_method=start_method, args=args)
 
 
