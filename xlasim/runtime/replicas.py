@@ -273,7 +273,7 @@ def _outcome(child: _Child) -> tuple[str, Any] | None:
     """What the child sent, or how it ended without sending; None while it still runs."""
     try:
         if child.conn.poll():
-            return child.conn.recv()  # type: ignore[no-any-return]
+            return child.conn.recv()
     except (EOFError, OSError):
         pass  # its end of the pipe closed with nothing sent: it is exiting
     else:
