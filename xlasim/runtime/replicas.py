@@ -167,16 +167,21 @@ class _Child:
 def _child_main(target: Callable[[int], Any], rank: int, conn: Any) -> None:
     """A child's body: ``target(rank)``, its result or exception sent back to the launcher."""
     try:
-        result = target(rank)
+        outcome: tuple[str, Any] = ("ok", target(rank))
+        code = 0
     except BaseException as exc:
         # Pickled with its traceback text, which the launcher's copy carries as __cause__
         # (what a concurrent.futures process pool hands back).
-        wrapped = _futures_process._ExceptionWithTraceback(exc, exc.__traceback__)  # type: ignore[arg-type]
-        conn.send(("error", wrapped))
-        conn.close()
-        raise SystemExit(1) from None
-    conn.send(("ok", result))
+        outcome = ("error", _futures_process._ExceptionWithTraceback(exc, exc.__traceback__))  # type: ignore[arg-type]
+        code = 1
+    conn.send(outcome)
+    # Tensors travel in shared memory that the launcher maps while this process lives: stay
+    # until it has taken them.
+    if conn.poll(hosts_timeout_s()):
+        conn.recv()
     conn.close()
+    if code:
+        raise SystemExit(code)
 
 
 _env_lock = threading.Lock()
@@ -214,7 +219,7 @@ def run_processes(
     try:
         with _environment(env):
             for rank in range(count):
-                parent_end, child_end = context.Pipe(duplex=False)
+                parent_end, child_end = context.Pipe()
                 process = context.Process(  # type: ignore[attr-defined]
                     target=_child_main, args=(target, rank, child_end), daemon=False
                 )
@@ -273,7 +278,9 @@ def _outcome(child: _Child) -> tuple[str, Any] | None:
     """What the child sent, or how it ended without sending; None while it still runs."""
     try:
         if child.conn.poll():
-            return child.conn.recv()
+            outcome: tuple[str, Any] = child.conn.recv()
+            child.conn.send("taken")
+            return outcome
     except (EOFError, OSError):
         pass  # its end of the pipe closed with nothing sent: it is exiting
     else:
