@@ -23,6 +23,7 @@ import torch_xla.core.xla_model as xm
 from torch_xla import runtime
 
 from xlasim.runtime import replicas, state
+from xlasim.runtime.run_options import COMPILER_ENV, DRY_RUN_ENV
 from xlasim.runtime.sysenv import env_int
 
 R = TypeVar("R")
@@ -116,12 +117,17 @@ def _process_count() -> int:
 def _child_environment(addr: str) -> dict[str, str]:
     """What a child needs to start as this simulated host (its interpreter reads it first)."""
     rt = state.current()
-    return {
+    env = {
         "XLASIM_TOPOLOGY": rt.spec.topology,
         "XLASIM_ACCELERATOR": rt.spec.accelerator,
         "XLASIM_HOST_INDEX": str(rt.host_index),
         replicas.ADDR_ENV: addr,
     }
+    if rt.dry_run:
+        env[DRY_RUN_ENV] = "1"
+    if rt.graphs.compiler is not None:
+        env[COMPILER_ENV] = "libtpu"
+    return env
 
 
 def run_multiprocess(
