@@ -204,6 +204,26 @@ def test_what_is_not_simulated_says_so(topology, accelerator, cpu_devices, words
         assert words in str(e.value)
 
 
+def _client() -> tuple[object, ...]:
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+    import torch_xla.runtime as xr
+
+    return (
+        xr.device_type(), xr.world_size(), xr.global_runtime_device_count(),
+        xm.xla_real_devices([str(torch_xla.device())]),
+    )  # fmt: skip
+
+
+def test_on_the_cpu_client_one_process_runs_on_the_cpu_device(xlasim_sim, monkeypatch):
+    import torch_xla.runtime as xr
+    from torch_xla._internal import pjrt
+
+    monkeypatch.setenv("CPU_NUM_DEVICES", "1")
+    xr.set_device_type("CPU")
+    assert pjrt.run_multiprocess(_client) == {0: ("CPU", 1, 1, ["CPU:0"])}
+
+
 def test_spawn_after_the_runtime_started_is_refused(xlasim_sim):
     import torch_xla
     import torch_xla.distributed.xla_multiprocessing as xmp

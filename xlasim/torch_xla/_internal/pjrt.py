@@ -106,6 +106,14 @@ def unsimulated_reason() -> str | None:
     return None
 
 
+def _initialize_child(pjrt_device: str | None, local_rank: int, local_world_size: int) -> None:
+    """A child inherits the launcher's device type (a simulated process starts as a TPU
+    host, so the CPU client's choice is passed on), then configures itself."""
+    if pjrt_device:
+        os.environ[xenv.PJRT_DEVICE] = pjrt_device
+    initialize_multiprocess(local_rank, local_world_size)
+
+
 def _process_count() -> int:
     """Processes torch_xla starts on this host: one per chip on a TPU host, else one."""
     reason = unsimulated_reason()
@@ -145,7 +153,7 @@ def run_multiprocess(
             _run_thread_per_device,
             local_world_size=num_processes,
             fn=functools.partial(fn, *args, **kwargs),
-            initializer_fn=initialize_multiprocess,
+            initializer_fn=functools.partial(_initialize_child, os.environ.get(xenv.PJRT_DEVICE)),
         )
         results = replicas.run_processes(
             target, num_processes, _child_environment(addr), start_method
