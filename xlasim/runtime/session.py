@@ -12,6 +12,7 @@ import atexit
 import contextlib
 import os
 import sys
+import threading
 from collections.abc import Iterator
 
 import torch
@@ -69,10 +70,24 @@ def _check_autograd_at_start(runtime: state.SimRuntime) -> None:
     if _autograd_checked or _autograd_checking:
         return
     _autograd_checking = True
+    # In a thread of its own: the first device use may come from inside an op's dispatch,
+    # where this thread's autograd is switched off; a new thread starts with it on.
+    failure: list[BaseException] = []
+
+    def check() -> None:
+        try:
+            _check_autograd(runtime.spec)
+        except BaseException as exc:
+            failure.append(exc)
+
     try:
-        _check_autograd(runtime.spec)
+        checker = threading.Thread(target=check, name="xlasim-autograd-check")
+        checker.start()
+        checker.join()
     finally:
         _autograd_checking = False
+    if failure:
+        raise failure[0]
 
 
 def _check_autograd(spec: SliceSpec) -> None:
