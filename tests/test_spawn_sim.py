@@ -235,3 +235,31 @@ def test_spawn_after_the_runtime_started_is_refused(xlasim_sim):
         r"xmp\.spawn\.$",
     ):
         xmp.spawn(_exit_abruptly)
+
+
+def test_the_client_a_process_gets_from_the_chips_it_sees():
+    from tpu_backend.topology import parse_slice
+    from xlasim.runtime.client import client_from_env
+
+    spec = parse_slice("2x2x2", "v4")  # 2 hosts of 4 chips
+    env = {"PJRT_DEVICE": "TPU"}
+    host = client_from_env(spec, 1, env)
+    # Ray's TPU worker sees every chip of its host: the whole host.
+    assert client_from_env(spec, 1, {**env, "TPU_VISIBLE_CHIPS": "0,1,2,3"}) == host
+    assert (host.num_local, host.num_processes, host.process_index) == (4, 2, 1)
+    chip = client_from_env(
+        spec,
+        1,
+        {**env, "TPU_VISIBLE_CHIPS": "2", "TPU_PROCESS_BOUNDS": "2,2,2",
+         "TPU_CHIPS_PER_PROCESS_BOUNDS": "1,1,1", "CLOUD_TPU_TASK_ID": "6"},
+    )  # fmt: skip
+    assert (chip.num_devices, chip.local_ids(), chip.num_processes, chip.process_index) == (
+        8,
+        [6],
+        8,
+        6,
+    )
+    with pytest.raises(NotImplementedError, match="TPU_VISIBLE_CHIPS='0,1'"):
+        client_from_env(spec, 0, {**env, "TPU_VISIBLE_CHIPS": "0,1"})
+    with pytest.raises(ValueError, match="TPU_VISIBLE_CHIPS='4': a host of v4-16 has chips 0..3"):
+        client_from_env(spec, 0, {**env, "TPU_VISIBLE_CHIPS": "4"})

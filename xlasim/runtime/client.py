@@ -103,8 +103,9 @@ def chip_process_client(
     (``TPU_CHIPS_PER_PROCESS_BOUNDS=1,1,1``).  A process's devices are its chip's cores.
     """
     visible = (environ.get("TPU_VISIBLE_CHIPS") or "").strip()
-    if not visible:
-        return None
+    every_chip = ",".join(str(c) for c in range(spec.chips_per_host))
+    if not visible or (visible.replace(" ", "") == every_chip and spec.chips_per_host > 1):
+        return None  # the whole host (what Ray sets for a worker holding every chip)
     per_process = _bounds_size("TPU_CHIPS_PER_PROCESS_BOUNDS", environ)
     if not visible.isdigit() or per_process not in (None, 1):
         raise NotImplementedError(
