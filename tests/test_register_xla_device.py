@@ -67,7 +67,8 @@ def test_without_it_a_clear_error_names_the_fix():
         step("cpu")  # autograd starts without the xla device
         try:
             with xlasim.simulate("2x2"):
-                pass
+                import torch_xla
+                torch_xla.device()  # the first device use checks autograd
         except RuntimeError as exc:
             print("ERROR", exc)
         print("active", xlasim.is_active())
@@ -77,4 +78,4 @@ def test_without_it_a_clear_error_names_the_fix():
     error, active = proc.stdout.splitlines()
     assert error.startswith("ERROR xlasim: this process ran a backward pass before")
     assert "Call xlasim.register_xla_device() (or enter xlasim.simulate) before any" in error
-    assert active == "active False"  # the failed entry left nothing behind
+    assert active == "active False"  # the failed simulation left nothing behind

@@ -106,7 +106,7 @@ def test_classes_match_behaviour() -> None:
         import torch_xla.distributed.spmd as xs
         import torch_xla.runtime as xr
 
-        # all_reduce is `partly`: one replica works, more raise NotImplementedError.
+        # all_reduce is simulated at every world size (one replica returns its input).
         assert xm.all_reduce(xm.REDUCE_SUM, [1.0]) == [1.0]
         # enable_manual_sharding runs: the binding it calls no longer refuses.
         xr.use_spmd()
@@ -116,7 +116,7 @@ def test_classes_match_behaviour() -> None:
     assert entries == {
         ("torch_xla.core.xla_model", None): sm.SIMULATED,
         ("torch_xla.core.xla_model", "mark_step"): sm.SIMULATED,
-        ("torch_xla.core.xla_model", "all_reduce"): sm.PARTLY,
+        ("torch_xla.core.xla_model", "all_reduce"): sm.SIMULATED,
         ("torch_xla.core.xla_model", "no_such_name"): sm.ABSENT,
         ("torch_xla.distributed.spmd", None): sm.SIMULATED,
         ("torch_xla.distributed.spmd", "enable_manual_sharding"): sm.SIMULATED,

@@ -10,6 +10,7 @@ the client never changes for the life of the runtime, whatever the variable says
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -56,7 +57,8 @@ class Client:
         """``xr.global_runtime_device_attributes()``: TPU devices say where they sit on the
         slice; CPU devices report their name only."""
         if self.spec is not None:
-            return device_attributes(self.spec)
+            # A process per chip sees the slice's chips (or, alone, its first one).
+            return device_attributes(self.spec)[: self.num_devices]
         return [{"name": f"{self.device_type}:{i}"} for i in range(self.num_devices)]
 
 
@@ -74,6 +76,70 @@ def tpu_client(spec: SliceSpec, host_index: int) -> Client:
     )
 
 
+def _bounds_size(name: str, environ: Mapping[str, str]) -> int | None:
+    text = (environ.get(name) or "").strip()
+    if not text:
+        return None
+    try:
+        dims = [int(part) for part in text.split(",")]
+    except ValueError:
+        dims = []
+    if not dims or any(d < 1 for d in dims):
+        raise ValueError(
+            f"{name}={text!r} is not valid TPU bounds: expected positive integers joined by "
+            "commas, e.g. '2,2,1'"
+        )
+    return math.prod(dims)
+
+
+def chip_process_client(
+    spec: SliceSpec, host_index: int, environ: Mapping[str, str] = os.environ
+) -> Client | None:
+    """The client of a process that owns one chip of its host (``TPU_VISIBLE_CHIPS``), as
+    ``xmp.spawn`` configures each of its processes; None when the process owns its host.
+
+    libtpu reads the same variables: ``TPU_PROCESS_BOUNDS`` (how many such processes the slice
+    has) and ``CLOUD_TPU_TASK_ID`` (this one's index), with one chip per process
+    (``TPU_CHIPS_PER_PROCESS_BOUNDS=1,1,1``).  A process's devices are its chip's cores.
+    """
+    visible = (environ.get("TPU_VISIBLE_CHIPS") or "").strip()
+    every_chip = ",".join(str(c) for c in range(spec.chips_per_host))
+    if not visible or (visible.replace(" ", "") == every_chip and spec.chips_per_host > 1):
+        return None  # the whole host (what Ray sets for a worker holding every chip)
+    per_process = _bounds_size("TPU_CHIPS_PER_PROCESS_BOUNDS", environ)
+    if not visible.isdigit() or per_process not in (None, 1):
+        raise NotImplementedError(
+            f"xlasim simulates processes that own one chip of their host (TPU_VISIBLE_CHIPS "
+            f"set to one chip index, TPU_CHIPS_PER_PROCESS_BOUNDS=1,1,1), not "
+            f"TPU_VISIBLE_CHIPS={visible!r} with TPU_CHIPS_PER_PROCESS_BOUNDS="
+            f"{environ.get('TPU_CHIPS_PER_PROCESS_BOUNDS')!r}"
+        )
+    chip = int(visible)
+    if chip >= spec.chips_per_host:
+        raise ValueError(
+            f"TPU_VISIBLE_CHIPS={visible!r}: a host of {spec.pod_type} has chips "
+            f"0..{spec.chips_per_host - 1}"
+        )
+    processes = _bounds_size("TPU_PROCESS_BOUNDS", environ) or spec.num_chips
+    task = env_int("CLOUD_TPU_TASK_ID", host_index * spec.chips_per_host + chip, environ)
+    if not 0 <= task < processes:
+        raise ValueError(
+            f"CLOUD_TPU_TASK_ID={task} is outside the {processes} processes that "
+            f"TPU_PROCESS_BOUNDS={environ.get('TPU_PROCESS_BOUNDS')!r} describes"
+        )
+    per_chip = spec.devices_per_chip
+    return Client(
+        TPU,
+        processes * per_chip,
+        task * per_chip,
+        per_chip,
+        processes,
+        task,
+        spec.device_kind,
+        spec,
+    )
+
+
 def cpu_client(num_devices: int) -> Client:
     return Client(CPU, num_devices, 0, num_devices, 1, 0, "cpu")
 
@@ -86,7 +152,7 @@ def client_from_env(
     if not device:
         raise RuntimeError("$PJRT_DEVICE is not set.")
     if device == TPU:
-        return tpu_client(spec, host_index)
+        return chip_process_client(spec, host_index, environ) or tpu_client(spec, host_index)
     if device == CPU:
         count = env_int("CPU_NUM_DEVICES", 1, environ)
         if count < 1:

@@ -51,7 +51,7 @@ def hosts_timeout_s() -> float:
 
 
 @contextlib.contextmanager
-def _stdout_discarded() -> Iterator[None]:
+def stdout_discarded() -> Iterator[None]:
     """torch 2.9's gloo prints "[Gloo] Rank N is connected to M peer ranks..." on fd 1 when a
     group forms: a line no TPU host prints, in the middle of the user's program output."""
     sys.stdout.flush()
@@ -86,7 +86,7 @@ def host_link(rt: SimRuntime) -> HostLink | None:
         store = listeners.store(
             host, port, num_hosts, is_master=rt.host_index == 0, timeout=timeout
         )
-        with _stdout_discarded():
+        with stdout_discarded():
             group = listeners.gloo_group(
                 dist.PrefixStore("xlasim_hosts", store), rt.host_index, num_hosts, timeout, host
             )

@@ -12,6 +12,7 @@ import atexit
 import contextlib
 import os
 import sys
+import threading
 from collections.abc import Iterator
 
 import torch
@@ -35,11 +36,8 @@ def attach_device(spec: SliceSpec) -> None:
     FACTORY_KERNELS.register()
     # torch_xla registers its autocast policy when it is loaded; a simulation does on entry.
     autocast.install()
-    try:
-        _check_autograd(spec)
-    except BaseException:
-        detach_device()
-        raise
+    if _check_autograd_at_start not in state.START_HOOKS:
+        state.START_HOOKS.append(_check_autograd_at_start)
 
 
 def detach_device() -> None:
@@ -58,6 +56,38 @@ def _scratch_runtime(spec: SliceSpec, client: Client | None = None) -> Iterator[
         yield
     finally:
         state.pop(scratch)
+
+
+_autograd_checking = False
+
+
+def _check_autograd_at_start(runtime: state.SimRuntime) -> None:
+    """The autograd check, at a runtime's first device use rather than on entry: its backward
+    pass starts autograd's device threads, after which a forked child can run none (PyTorch's
+    rule), and a process that forks its replicas (``xmp.spawn(start_method='fork')``) must not
+    have used a device, as on a TPU VM."""
+    global _autograd_checking
+    if _autograd_checked or _autograd_checking:
+        return
+    _autograd_checking = True
+    # In a thread of its own: the first device use may come from inside an op's dispatch,
+    # where this thread's autograd is switched off; a new thread starts with it on.
+    failure: list[BaseException] = []
+
+    def check() -> None:
+        try:
+            _check_autograd(runtime.spec)
+        except BaseException as exc:
+            failure.append(exc)
+
+    try:
+        checker = threading.Thread(target=check, name="xlasim-autograd-check")
+        checker.start()
+        checker.join()
+    finally:
+        _autograd_checking = False
+    if failure:
+        raise failure[0]
 
 
 def _check_autograd(spec: SliceSpec) -> None:

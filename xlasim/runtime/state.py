@@ -29,6 +29,15 @@ TORCH_XLA_ENV = (
     "XLA_PERSISTENT_CACHE_PATH",
     "XLA_PERSISTENT_CACHE_READ_ONLY",
     "PJRT_DEVICE",
+    # What xmp.spawn's launcher sets for a process that owns one chip.
+    "PJRT_LOCAL_PROCESS_RANK",
+    "PJRT_LOCAL_PROCESS_COUNT",
+    "TPU_VISIBLE_CHIPS",
+    "TPU_CHIPS_PER_PROCESS_BOUNDS",
+    "TPU_PROCESS_BOUNDS",
+    "TPU_PROCESS_ADDRESSES",
+    "TPU_PROCESS_PORT",
+    "CLOUD_TPU_TASK_ID",
 )
 
 
@@ -68,6 +77,8 @@ class SimRuntime:
     """Per-chip HBM: the live device buffers (``xlasim.runtime.memory``)."""
     hosts: HostLink | None = None
     """Joined on first use, on multi-host slices only."""
+    replicas: HostLink | None = None
+    """The group of the processes ``xmp.spawn`` started, joined at the first collective."""
     global_mesh: Any = None
     """``xs.set_global_mesh``'s mesh (per process in torch_xla, so per runtime here)."""
     single_process: bool = False
@@ -133,6 +144,8 @@ class SimRuntime:
         """What starts torch_xla's runtime (a device named or used) creates the client:
         ``client``, or the one the environment names."""
         if self._client is None:
+            for hook in START_HOOKS:
+                hook(self)
             self._client = client or client_from_env(self.spec, self.host_index)
             if not self._client.is_tpu:
                 self.memory.host_memory(self._client.num_devices)
@@ -188,6 +201,9 @@ class ProcessState:
 
 
 PROCESS = ProcessState()
+
+START_HOOKS: list[Callable[[SimRuntime], None]] = []
+"""Run before a runtime's client is created (its first device use); one may refuse by raising."""
 
 _stack: list[SimRuntime] = []
 

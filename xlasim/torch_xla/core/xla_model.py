@@ -16,6 +16,7 @@ from torch import optim
 from typing_extensions import deprecated
 
 from xlasim.runtime import memory as _memory
+from xlasim.runtime import replicas as _replicas
 from xlasim.runtime import state as _runtime
 from xlasim.runtime import tensor as _tensor
 
@@ -154,21 +155,66 @@ def _fetch_gradients(optimizer: optim.Optimizer) -> list[torch.Tensor]:
 
 
 def _multi_replica(name: str) -> Exception:
+    # One process replicated over several devices (xm.set_replication): on a TPU slice each
+    # device needs its own process, and torch_xla waits for the missing replicas until its
+    # rendezvous times out and aborts.
     world, processes = runtime.world_size(), runtime.process_count()
-    if world > processes:
-        # One process replicated over several devices (xm.set_replication): on a TPU slice each
-        # device needs its own process, and torch_xla waits for the missing replicas until its
-        # rendezvous times out and aborts.
-        return RuntimeError(
-            f"xm.{name}: xr.world_size() is {world} (xm.set_replication over {world} devices) "
-            f"but only {processes} process(es) take part, so the other replicas never join; "
-            "real torch_xla aborts after its rendezvous timeout here. Run one process per "
-            "device (torch_xla.launch / xmp.spawn, `accelerate launch`), or use SPMD"
-        )
-    return NotImplementedError(
-        f"xlasim does not simulate xm.{name} across several replicas (xmp.spawn with more "
-        "than one process); use SPMD, where cross-host data moves through sharding"
+    return RuntimeError(
+        f"xm.{name}: xr.world_size() is {world} (xm.set_replication over {world} devices) "
+        f"but only {processes} process(es) take part, so the other replicas never join; "
+        "real torch_xla aborts after its rendezvous timeout here. Run one process per "
+        "device (torch_xla.launch / xmp.spawn, `accelerate launch`), or use SPMD"
     )
+
+
+def _gathered(value: torch.Tensor, groups: Any, name: str) -> tuple[torch.Tensor, int, int]:
+    """Every replica of this one's group's ``value`` stacked along a new dim 0, this replica's
+    position in its group, and the group's size.
+
+    The simulated processes exchange their values when the op runs (one gather of every
+    replica's value); each replica then keeps its group's rows.
+    """
+    if runtime.world_size() != runtime.process_count():
+        raise _multi_replica(name)
+    everyone = _replicas.replica_all_gather(value)
+    ordinal = runtime.global_ordinal()
+    if not groups:
+        return everyone, ordinal, runtime.world_size()
+    for group in groups:
+        if ordinal in group:
+            rows = torch.tensor(list(group), dtype=torch.int64).to(value.device)
+            return everyone.index_select(0, rows), list(group).index(ordinal), len(group)
+    raise ValueError(f"xm.{name}: replica {ordinal} is in none of the groups {groups}")
+
+
+_REDUCERS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    REDUCE_SUM: torch.add,
+    REDUCE_MUL: torch.mul,
+    REDUCE_MIN: torch.minimum,
+    REDUCE_MAX: torch.maximum,
+    REDUCE_AND: torch.bitwise_and,
+    REDUCE_OR: torch.bitwise_or,
+}
+
+
+def _reduce(reduce_type: str, rows: torch.Tensor) -> torch.Tensor:
+    """The rows combined in replica order, in their own dtype (as an XLA all-reduce is)."""
+    if reduce_type not in _REDUCERS:
+        raise RuntimeError(f"Invalid reduce type: {reduce_type}")
+    op = _REDUCERS[reduce_type]
+    parts = rows.unbind(0)
+    result = parts[0]
+    for part in parts[1:]:
+        result = op(result, part)
+    return result
+
+
+def _all_reduce_one(
+    reduce_type: str, value: torch.Tensor, scale: float, groups: Any
+) -> torch.Tensor:
+    rows, _, _ = _gathered(value, groups, "all_reduce")
+    result = _reduce(reduce_type, rows)
+    return result * scale if scale != 1.0 else result
 
 
 def all_reduce(
@@ -178,10 +224,23 @@ def all_reduce(
     groups: list[list[int]] | None = None,
     pin_layout: bool = True,
 ) -> Any:
-    if runtime.world_size() == 1:
+    """The reduction over the replicas: a new tensor for a tensor, in place for a list."""
+    if runtime.world_size() == 1 and not xu.getenv_as("XLA_ALWAYS_ALLREDUCE", bool, False):
         # torch_xla returns a clone with the scale NOT applied when there is one replica.
         return inputs.clone() if isinstance(inputs, torch.Tensor) else inputs
-    raise _multi_replica("all_reduce")
+    if isinstance(inputs, torch.Tensor):
+        return _all_reduce_one(reduce_type, inputs, scale, groups)
+    with torch.no_grad():
+        for tensor in inputs:
+            tensor.copy_(_all_reduce_one(reduce_type, tensor, scale, groups))
+    return inputs
+
+
+def _all_gather_one(value: torch.Tensor, dim: int, groups: Any) -> torch.Tensor:
+    if runtime.world_size() == 1:
+        return value.clone()
+    rows, _, _ = _gathered(value, groups, "all_gather")
+    return torch.cat(rows.unbind(0), dim=dim)
 
 
 def all_gather(
@@ -193,21 +252,69 @@ def all_gather(
     channel_id: Any = None,
     use_global_device_ids: Any = None,
 ) -> Any:
-    if runtime.world_size() != 1:
-        raise _multi_replica("all_gather")
+    """Every replica's ``value`` concatenated along ``dim``, in replica order."""
+    if isinstance(value, list) and all(isinstance(v, torch.Tensor) for v in value):
+        if pin_layout:
+            raise RuntimeError(
+                "For xm.all_gather with list of tensors input, pin_layout=True is not yet "
+                "supported."
+            )
+        if output is not None:
+            if not isinstance(output, list) or any(not isinstance(v, torch.Tensor) for v in output):
+                raise TypeError(
+                    f"`output` needs to be a list of Tensors, but given {type(output)}."
+                )
+            if len(output) != len(value):
+                raise ValueError(
+                    f"`output` length doesn't match `input` length: {len(output)} vs {len(value)}."
+                )
+            for out, v in zip(output, value, strict=True):
+                out.copy_(_all_gather_one(v, dim, groups))
+            return output
+        return [_all_gather_one(v, dim, groups) for v in value]
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(
+            f"`value` needs to be a Tensor or a list of Tensors, but given {type(value)}."
+        )
+    result = _all_gather_one(value, dim, groups)
     if output is not None:
-        output.copy_(value)
+        output.copy_(result)
         return output
-    if isinstance(value, torch.Tensor):
-        return value.clone()
-    return [v.clone() for v in value]
+    return result
+
+
+def _reduce_scatter_one(
+    reduce_type: str,
+    value: torch.Tensor,
+    scale: float,
+    scatter_dim: int,
+    shard_count: int,
+    groups: Any,
+) -> torch.Tensor:
+    if runtime.world_size() == 1:
+        rows, index, size = value.unsqueeze(0), 0, 1
+    else:
+        rows, index, size = _gathered(value, groups, "reduce_scatter")
+    if shard_count != size:
+        raise RuntimeError(
+            f"xm.reduce_scatter: shard_count ({shard_count}) must be the number of replicas "
+            f"taking part ({size})"
+        )
+    reduced = _reduce(reduce_type, rows)
+    if value.shape[scatter_dim] % shard_count:
+        raise RuntimeError(
+            f"xm.reduce_scatter: dimension {scatter_dim} of size {value.shape[scatter_dim]} "
+            f"does not split into {shard_count} equal shards"
+        )
+    shard = reduced.chunk(shard_count, dim=scatter_dim)[index]
+    return shard * scale if scale != 1.0 else shard.clone()
 
 
 def reduce_scatter(
     reduce_type: str,
-    input: Any,
+    input: Any,  # noqa: A002
     scale: float,
-    scatter_dim: int,  # noqa: A002
+    scatter_dim: int,
     shard_count: int,
     groups: Any = None,
     output: Any = None,
@@ -215,13 +322,31 @@ def reduce_scatter(
     channel_id: Any = None,
     use_global_device_ids: Any = None,
 ) -> Any:
-    if runtime.world_size() != 1 or shard_count != 1:
-        raise _multi_replica("reduce_scatter")
-    result = input * scale if isinstance(input, torch.Tensor) else [i * scale for i in input]
-    if output is not None:
-        output.copy_(result)
-        return output
-    return result
+    """The reduction over the replicas, split along ``scatter_dim``: each keeps its shard."""
+    if isinstance(input, torch.Tensor):
+        result = _reduce_scatter_one(reduce_type, input, scale, scatter_dim, shard_count, groups)
+        if output is not None:
+            output.copy_(result)
+            return output
+        return result
+    if not (isinstance(input, list) and all(isinstance(v, torch.Tensor) for v in input)):
+        raise TypeError(
+            f"`input` needs to be a Tensor or a list of Tensors, but given {type(input)}."
+        )
+    results = [
+        _reduce_scatter_one(reduce_type, v, scale, scatter_dim, shard_count, groups) for v in input
+    ]
+    if output is None:
+        return results
+    if not isinstance(output, list) or any(not isinstance(v, torch.Tensor) for v in output):
+        raise TypeError(f"`output` needs to be a list of Tensors, but given {type(output)}.")
+    if len(output) != len(input):
+        raise ValueError(
+            f"`output` length doesn't match `input` length: {len(output)} vs {len(input)}."
+        )
+    for out, result in zip(output, results, strict=True):
+        out.copy_(result)
+    return output
 
 
 def all_to_all(
@@ -232,16 +357,40 @@ def all_to_all(
     groups: Any = None,
     pin_layout: bool = True,
 ) -> torch.Tensor:
-    if runtime.world_size() != 1 or split_count != 1:
-        raise _multi_replica("all_to_all")
-    return value.clone()
+    """Each replica's ``value`` split in ``split_count`` pieces along ``split_dimension``;
+    replica ``i`` gets every replica's ``i``-th piece, concatenated along
+    ``concat_dimension`` in replica order."""
+    if runtime.world_size() == 1:
+        rows, index, size = value.unsqueeze(0), 0, 1
+    else:
+        rows, index, size = _gathered(value, groups, "all_to_all")
+    if split_count != size:
+        raise RuntimeError(
+            f"xm.all_to_all: split_count ({split_count}) must be the number of replicas "
+            f"taking part ({size})"
+        )
+    if value.shape[split_dimension] % split_count:
+        raise RuntimeError(
+            f"xm.all_to_all: dimension {split_dimension} of size "
+            f"{value.shape[split_dimension]} does not split into {split_count} equal pieces"
+        )
+    pieces = [row.chunk(split_count, dim=split_dimension)[index] for row in rows.unbind(0)]
+    return torch.cat(pieces, dim=concat_dimension)
 
 
 def collective_broadcast(
     tensors: list[torch.Tensor], root_ordinal: int = 0, groups: Any = None, pin_layout: bool = True
 ) -> None:
-    if runtime.world_size() != 1:
-        raise _multi_replica("collective_broadcast")
+    """The root replica's values into every replica's ``tensors``, in place."""
+    with torch.no_grad():
+        # Every replica runs the same ops (a product with 1 on the root, 0 elsewhere, then a
+        # sum over the replicas), as torch_xla builds it.
+        for tensor in tensors:
+            keep = torch.tensor(
+                1 if runtime.global_ordinal() == root_ordinal else 0, dtype=tensor.dtype
+            )
+            tensor.mul_(send_cpu_data_to_device(keep, tensor.device)[0])
+    all_reduce(REDUCE_SUM, tensors, groups=groups, pin_layout=pin_layout)
 
 
 class RateTracker:
@@ -335,14 +484,9 @@ def optimizer_step(
     groups: list[list[int]] | None = None,
     pin_layout: bool = True,
 ) -> Any:
-    """``optimizer.step(**optimizer_args)``, then a sync when ``barrier`` is set.
-
-    Gradients would first be averaged across replicas; one replica (also the SPMD case,
-    where gradients are already global) has nothing to average, and several are not
-    simulated.
-    """
-    if runtime.world_size() > 1:
-        raise _multi_replica("optimizer_step")
+    """Averages the gradients over the replicas, then ``optimizer.step(**optimizer_args)``,
+    then a sync when ``barrier`` is set."""
+    reduce_gradients(optimizer, groups=groups, pin_layout=pin_layout)
     result = optimizer.step(**optimizer_args)
     if barrier:
         torch_xla.sync()
@@ -386,9 +530,22 @@ def xla_rendezvous(
     if not isinstance(payload, bytes):
         raise TypeError(f"`payload` must be bytes, not {type(payload)}")
     torch_xla.sync()
-    if runtime.world_size() != 1:
-        raise _multi_replica("rendezvous")
-    return [payload]
+    if runtime.world_size() == 1:
+        return [payload]
+    # The payloads travel as device data: sizes first, then every payload padded to the
+    # longest, both gathered over the replicas.
+    device = torch_xla.device()
+    data = torch.tensor(list(payload), dtype=torch.uint8)
+    sizes = all_gather(torch.tensor([data.shape[0]], dtype=torch.int, device=device))
+    longest = int(torch.max(sizes).item())
+    torch_xla.sync()
+    if longest < 1:
+        return [b"" for _ in range(sizes.size()[0])]
+    padded = torch.nn.functional.pad(data, (0, longest - data.shape[0])).to(device)
+    pieces = torch.split(all_gather(padded), longest)
+    payloads = [p[:n] for p, n in zip(pieces, sizes.cpu().tolist(), strict=True)]
+    torch_xla.sync()
+    return [bytes(p.cpu().tolist()) for p in payloads]
 
 
 def rendezvous(tag: str, payload: bytes = b"", replicas: list[int] = []) -> list[bytes]:  # noqa: B006 - the real signature
@@ -451,8 +608,9 @@ def optimization_barrier_(tensors: list[torch.Tensor]) -> None:
 
 
 def broadcast_master_param(model: torch.nn.Module) -> None:
-    if runtime.world_size() != 1:
-        raise _multi_replica("broadcast_master_param")
+    """Every replica takes replica 0's parameters and buffers."""
+    collective_broadcast([*model.parameters(), *model.buffers()])
+    torch_xla.sync()
 
 
 def _input_shardings(tensors: list[torch.Tensor], input_sharding: Any) -> list[Any] | None:

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 import torch.multiprocessing
-import torch_xla.runtime as xr
+from torch_xla._internal import pjrt
 
 
 def spawn(
@@ -18,20 +18,12 @@ def spawn(
     daemon: bool = False,
     start_method: str = "spawn",
 ) -> Any:
-    if nprocs == 1:
-        # torch_xla runs the function in this process with global ordinal 0.
-        fn(xr.global_ordinal(), *args)
-        return None
-    if nprocs is not None:
-        raise ValueError(
-            f"Unsupported nprocs ({nprocs}). Please use nprocs=1 or None (default). If None, "
-            "spawn will use all available devices. Use the environment variable X_NUM_DEVICES "
-            "(where X is CPU, TPU, NEURONCORE, etc) to limit the number of devices used."
-        )
-    raise NotImplementedError(
-        "xlasim does not simulate multi-process xmp.spawn (one process per TPU chip); use "
-        "nprocs=1, or SPMD with one process per host"
-    )
+    """``fn(global_ordinal, *args)`` in one process per local chip (``nprocs=None``), or in
+    this process on one chip (``nprocs=1``); returns None, raises a process's exception."""
+    reason = pjrt.unsimulated_reason() if nprocs is None else None
+    if reason is not None:
+        raise NotImplementedError(reason)
+    return pjrt.spawn(fn, nprocs=nprocs, start_method=start_method, args=args)
 
 
 class MpModelWrapper:
