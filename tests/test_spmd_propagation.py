@@ -4,6 +4,8 @@ Real values (PJRT CPU, 4 devices, t = randn(8, 6) sharded ('x', None) on a (2, 2
 with ``_get_xla_sharding_spec`` after ``torch_xla.sync()``): a + b with nothing sharded
 '{replicated}'; t.relu(), t * b, (t + 1).relu() t's sharding; t.sum() '{replicated}';
 t @ w, t.t(), t.view(48), t[:4], t.sum(0) shardings chosen by GSPMD -> UNKNOWN here.
+z = a.sin() annotated ('x', None) while pending: z + 42 and (z * b.cos()).relu() get z's
+sharding.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import xlasim
-from xlasim.sharding.propagation import UNKNOWN, Propagation, _combine, _leaf
+from xlasim.sharding.propagation import UNKNOWN, Propagation, _combine, _leaf, parse_spec
+from xlasim.sharding.tensor_sharding import TensorSharding
 
 PARTIAL_X = "{devices=[2,1,2]0,1,2,3 last_tile_dim_replicate}"
 
@@ -43,6 +46,17 @@ def test_output_shardings_known_exactly():
         for r in (t @ w, t.t(), t.view(48), t[:4], t.sum(0)):
             assert output_sharding(r) is UNKNOWN
 
+        # An intermediate annotated while pending passes its sharding on to elementwise
+        # consumers, next to replicated values of the same shape (torch_xla 2.9: sharded).
+        z = a.sin()
+        xs.mark_sharding(z, mesh, ("x", None))
+        for r in (z + 42, (z * b.cos()).relu()):
+            assert output_sharding(r).spec_string() == PARTIAL_X
+        # ...but not to a value it is broadcast into: that is GSPMD's choice.
+        row = b[0].sin()
+        xs.mark_sharding(row, mesh, ("x",))
+        assert output_sharding(row + a) is UNKNOWN
+
 
 @pytest.mark.parametrize("text", ["{devices=[2,2]0,1,2,3}", PARTIAL_X, "{replicated}", "{manual}"])
 def test_spec_strings_parse_back(text):
@@ -64,7 +78,10 @@ def _naive_infer(value):
     it is used (exponential in the number of skip connections, so small graphs only)."""
     if getattr(value, "inputs", None) is None:
         return _leaf(value)
-    return _combine(value.op, [_naive_infer(i) for i in value.inputs])
+    if value.sharding is not None:  # annotated by the program: that is its sharding
+        return tuple(value.sharding.shape), value.sharding
+    shape = None if value.shape is None else tuple(value.shape)
+    return _combine(value.op, shape, [_naive_infer(i) for i in value.inputs])
 
 
 def _same(a, b):
@@ -93,7 +110,11 @@ def test_memoised_walk_agrees_with_the_naive_definition(data):
         arity = 1 if op is aten.relu.default else 2
         # Inputs drawn from everything made so far: shared values and skip connections.
         inputs = tuple(data.draw(st.sampled_from(values)) for _ in range(arity))
-        values.append(Node(0, op, inputs))
+        node = Node(0, op, inputs, None, (4, 4))
+        spec = data.draw(st.sampled_from(["", TILED, OTHER_TILED]))
+        if spec:  # an intermediate value the program annotated
+            node = node.annotated(TensorSharding(parse_spec(spec), (4, 4)))
+        values.append(node)
     walk = Propagation()
     for v in reversed(values):
         assert _same(walk.infer(v), _naive_infer(v))

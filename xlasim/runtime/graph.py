@@ -49,17 +49,39 @@ class Node:
 
     ``call`` is set only while ops are recorded for a compiler (``RECORD_CALLS``): the op's
     arguments with each tensor replaced by an :class:`InputRef`, and which output this is.
+    ``sharding`` is the TensorSharding the program annotated the value with (mark_sharding of
+    a pending tensor), which its consumers see and its hash covers.
     """
 
-    __slots__ = ("hash", "op", "inputs", "call")
+    __slots__ = ("hash", "op", "inputs", "call", "shape", "sharding")
 
     def __init__(
-        self, hash_: int, op: Any, inputs: tuple[Any, ...], call: RecordedCall | None = None
+        self,
+        hash_: int,
+        op: Any,
+        inputs: tuple[Any, ...],
+        call: RecordedCall | None = None,
+        shape: tuple[int, ...] | None = None,
     ) -> None:
         self.hash = hash_
         self.op = op
         self.inputs = inputs
         self.call = call
+        self.shape = shape
+        self.sharding: Any = None
+
+    def annotated(self, sharding: Any) -> Node:
+        """This value with a sharding annotation: torch_xla sets it on the IR node, which
+        then lowers with a ``Sharding`` custom-call, so the graph (and its hash) changes."""
+        node = Node(
+            hash((self.hash, stable_id(sharding.op.to_string()))),
+            self.op,
+            self.inputs,
+            self.call,
+            self.shape,
+        )
+        node.sharding = sharding
+        return node
 
 
 # Switched on by the TPU compiler layer: nodes then keep their op's arguments so the graph can

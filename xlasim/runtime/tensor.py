@@ -455,7 +455,10 @@ def _run(info: _OpInfo, args: Any, kwargs: Any) -> Any:
         for w in wrappers:  # in-place / out= ops hand back their input
             if w._elem is out:
                 return _update(w, out, 0, info.op, base, node_inputs, pending)
-        node = Node(hash((base, 0, out.shape, _DTYPE_KEYS[out.dtype])), info.op, node_inputs)
+        shape = out.shape
+        node = Node(
+            hash((base, 0, shape, _DTYPE_KEYS[out.dtype])), info.op, node_inputs, None, shape
+        )
         t = _new(out, device, node, runtime)
         pending.append(weakref.ref(t))
         return t
@@ -593,7 +596,8 @@ def _update(w: XlaSimTensor, o: torch.Tensor, index, func, base, inputs, pending
         w._leaf = None
     if w._node is None:
         w._aliased = True
-    w._node = Node(hash((base, index, o.shape, _DTYPE_KEYS[o.dtype])), func, inputs)
+    shape = o.shape
+    w._node = Node(hash((base, index, shape, _DTYPE_KEYS[o.dtype])), func, inputs, None, shape)
     pending.append(weakref.ref(w))
     return w
 
@@ -601,7 +605,8 @@ def _update(w: XlaSimTensor, o: torch.Tensor, index, func, base, inputs, pending
 def _wrap_output(o, index, func, base, inputs, device, existing, pending, rt):
     if existing is not None:  # in-place / out= ops hand back their input
         return _update(existing, o, index, func, base, inputs, pending)
-    node = Node(hash((base, index, o.shape, _DTYPE_KEYS[o.dtype])), func, inputs)
+    shape = o.shape
+    node = Node(hash((base, index, shape, _DTYPE_KEYS[o.dtype])), func, inputs, None, shape)
     t = _new(o, device, node, rt)
     pending.append(weakref.ref(t))
     return t
@@ -688,7 +693,11 @@ def derived(src: XlaSimTensor, value: torch.Tensor, op: str, key: Any = 0) -> Xl
     inputs: list[Any] = []
     _take(src, parts, inputs, [], runtime)
     node = Node(
-        hash((hash(tuple(parts)), 0, value.shape, _DTYPE_KEYS[value.dtype])), op, tuple(inputs)
+        hash((hash(tuple(parts)), 0, value.shape, _DTYPE_KEYS[value.dtype])),
+        op,
+        tuple(inputs),
+        None,
+        value.shape,
     )
     t = _new(value, src._device, node, runtime)
     runtime.graphs.pending.append(weakref.ref(t))
@@ -758,6 +767,7 @@ def wrap_factory(elem: torch.Tensor, device: torch.device | None) -> XlaSimTenso
         "aten::empty",
         (),
         call,
+        elem.shape,
     )
     runtime.graphs.pending.append(weakref.ref(t))
     return t

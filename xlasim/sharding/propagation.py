@@ -83,11 +83,14 @@ def _leaf(value: Any) -> tuple[tuple[int, ...] | None, Any]:
     return shape, (TensorSharding(op, shape) if op is not None else None)
 
 
-def _combine(op: Any, parts: list[tuple[Any, Any]]) -> tuple[tuple[int, ...] | None, Any]:
-    """(shape, sharding) of an op's output from its inputs' (shape, sharding)."""
+def _combine(
+    op: Any, shape: tuple[int, ...] | None, parts: list[tuple[Any, Any]]
+) -> tuple[tuple[int, ...] | None, Any]:
+    """(shape, sharding) of an op's output of ``shape`` (None: not known) from its inputs'
+    (shape, sharding)."""
     shardings = [s for _, s in parts]
     if all(s is None or (s is not UNKNOWN and s.is_replicated) for s in shardings):
-        return None, None  # nothing sharded upstream: the output is replicated
+        return shape, None  # nothing sharded upstream: the output is replicated
     shapes = [shape for shape, _ in parts]
     if _op_name(op) in _ELEMENTWISE_NAMES and all(shape is not None for shape in shapes):
         out_shape = _broadcast(shapes)
@@ -131,10 +134,17 @@ class Propagation:
             if key in memo:
                 continue
             inputs = getattr(item, "inputs", None)
+            annotation = getattr(item, "sharding", None) if inputs is not None else None
             if inputs is None:
                 memo[key] = _leaf(item)
+            elif annotation is not None:
+                # A value the program annotated (mark_sharding of a pending tensor).
+                memo[key] = (tuple(annotation.shape), annotation)
             elif expanded:
-                memo[key] = _combine(item.op, [memo[id(i)] for i in inputs])
+                shape = getattr(item, "shape", None)
+                memo[key] = _combine(
+                    item.op, None if shape is None else tuple(shape), [memo[id(i)] for i in inputs]
+                )
             else:
                 stack.append((item, True))
                 stack.extend((i, False) for i in inputs if id(i) not in memo)

@@ -371,6 +371,9 @@ def _annotate_custom(x: Any, new: TensorSharding) -> None:
         # torch_xla puts a custom-sharding IR node over the data, which the simulator does
         # not record: its debug and HLO text are not known.
         x._computed, x._uploaded_at = False, None
+    elif x._node is not None:
+        # The annotation is on the IR value: ops that consume it from now on see it.
+        x._node = x._node.annotated(new)
     _set_sharding(x, new)
 
 
