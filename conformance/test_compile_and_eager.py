@@ -142,3 +142,53 @@ def test_eager_mode_context(xla_target):
             assert inner_before is True and is_eager_mode() is False
         assert torch_xla._XLAC._get_use_eager_mode() is True
     assert is_eager_mode() is False
+
+
+def test_eager_mode_transfers_and_clones(xla_target):
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+    import torch_xla.debug.metrics as met
+    from torch_xla.experimental import eager_mode_context
+
+    def eager_counts():
+        xm.wait_device_ops()
+        compiled, executed = (
+            met.metric_data("EagerOpCompileTime"),
+            met.metric_data("EagerOpExecuteTime"),
+        )
+        met.clear_all()
+        return (compiled[0] if compiled else 0, executed[0] if executed else 0)
+
+    with eager_mode_context(True):
+        dev = torch_xla.device()
+        met.clear_all()
+        # A new device tensor's own IR runs before the transfer overwrites it: once compiled
+        # per shape and dtype, executed every time.
+        a = torch.randn(5).to(dev)
+        assert eager_counts() == (1, 1)
+        b = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0], device=dev)
+        assert eager_counts() == (0, 1)
+        half = torch.ones(5).to(dev, dtype=torch.float16)
+        assert eager_counts() == (1, 1)
+        # A clone is the same IR value: nothing to run.
+        c = a.clone()
+        assert eager_counts() == (0, 0)
+        c.add_(b)
+        assert eager_counts() == (1, 1)
+        assert torch.allclose(c.cpu(), a.cpu() + b.cpu())
+        assert half.dtype == torch.float16
+
+
+def test_clone_adds_no_node_to_the_graph(xla_target):
+    import torch_xla
+
+    dev = torch_xla.device()
+    a = torch.randn(4, 3).to(dev)
+    b = a * 2
+    graph_hash = torch_xla._XLAC._get_graph_hash
+    assert graph_hash([b.clone() + 1]) == graph_hash([b + 1])
+    assert graph_hash([a.clone() * 2]) == graph_hash([b])
+    c = b.clone()
+    c.mul_(3)  # the clone gets a value of its own; b keeps its own
+    torch_xla.sync()
+    assert torch.allclose(c.cpu(), a.cpu() * 6) and torch.allclose(b.cpu(), a.cpu() * 2)

@@ -338,6 +338,12 @@ def _leaf_entry(t: XlaSimTensor) -> tuple[Any, tuple[Any, ...], int]:
     return entry
 
 
+def ir_hash(t: XlaSimTensor) -> int:
+    """The hash of ``t``'s IR value: its pending node's, or its device-data key's."""
+    node = t._node
+    return node.hash if node is not None else _leaf_entry(t)[2]
+
+
 def _unwrap_other(
     a: Any, parts: list[Any], inputs: list[Any], wrappers: list[XlaSimTensor], rt: Any
 ) -> Any:
@@ -769,7 +775,12 @@ def wrap_factory(elem: torch.Tensor, device: torch.device | None) -> XlaSimTenso
         call,
         elem.shape,
     )
-    runtime.graphs.pending.append(weakref.ref(t))
+    graphs = runtime.graphs
+    graphs.pending.append(weakref.ref(t))
+    if graphs.use_eager_mode:
+        # torch_xla runs the new tensor's IR (a constant fill) at once, even when a transfer
+        # overwrites it next: a ``.to('xla')`` costs an eager op too.
+        graphs.execute([t], sync_all=False, spmd=runtime.spmd, eager=True)
     return t
 
 
@@ -880,12 +891,15 @@ def _nbytes(t: torch.Tensor) -> int:
 
 
 def _clone(func, args, kwargs):
-    out = _run_op(func, args, kwargs)
     src = args[0]
-    _replicate_moved(src, src._rt)
-    # torch_xla's clone gives the copy its source's sharding spec (data or annotation alike).
-    out._sharding = src._sharding
-    return out
+    rt = owned(src)
+    if src._on_host:
+        upload_deferred(src, rt)  # a use, as for any op
+    _replicate_moved(src, rt)
+    # torch_xla's clone is a new tensor on its source's IR value (no node: the graph and an
+    # eager-mode run see nothing), with its source's sharding spec, data or annotation alike;
+    # writes to either one later give it a value of its own.
+    return _identity(_op_info(func), src)
 
 
 def _class_index_target(func, args, kwargs, at: int):

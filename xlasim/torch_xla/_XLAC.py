@@ -11,6 +11,7 @@ sharding arithmetic is ``xlasim.sharding``; moving shard data is ``xlasim.runtim
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -30,7 +31,7 @@ from xlasim.runtime.shards import (
     place_input,
     place_shards,
 )
-from xlasim.runtime.tensor import XlaSimTensor, mark_uploaded, materialize, wrap_data
+from xlasim.runtime.tensor import XlaSimTensor, ir_hash, mark_uploaded, materialize, wrap_data
 from xlasim.sharding import op_sharding
 from xlasim.sharding.op_sharding import (
     ProtoType,
@@ -403,6 +404,14 @@ def _xla_clear_sharding(t: Any) -> None:
 
 
 # -- queries ---------------------------------------------------------------------------------
+def _get_graph_hash(tensors: Sequence[Any]) -> bytes:
+    """The hash of the graph that computes ``tensors``: 16 bytes, as torch_xla's. Equal for
+    graphs torch_xla would compile once (a sharding, shape, dtype or op change changes it);
+    the bytes themselves are the simulator's own."""
+    key = repr(tuple(ir_hash(xla_tensor(t)) for t in tensors)).encode()
+    return hashlib.blake2b(key, digest_size=16).digest()
+
+
 def _get_xla_sharding_spec(t: Any) -> str:
     sharding = xla_tensor(t)._sharding
     return sharding.spec_string() if sharding is not None else ""
