@@ -38,6 +38,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import torch
+
+from xlasim.runtime.lowerings import KERNELS_FILE
+
 __all__ = [
     "DOC_FILE",
     "NAMES_FILE",
@@ -130,6 +134,24 @@ def record_names() -> str:
             lines += ["", f"[{name}]", f"{_UNIMPORTABLE}{type(exc).__name__}"]
             continue
         lines += ["", f"[{name}]", *_public_names(module)]
+    return "\n".join(lines) + "\n"
+
+
+def record_kernels() -> str:
+    """The text of ``lowerings.KERNELS_FILE``: the aten ops the torch_xla installed here
+    registers an XLA kernel for (what it lowers; everything else reaching the XLA key runs on
+    its CPU fallback)."""
+    import torch_xla  # deferred: only `record` needs the real runtime
+
+    registered = torch._C._dispatch_get_registrations_for_dispatch_key("XLA")
+    version = getattr(torch_xla, "__version__", "?")
+    lines = [
+        f"# aten ops with an XLA kernel in torch_xla {version} (the dispatcher's registrations "
+        "for the XLA",
+        "# key), one per line; recorded by `python -m xlasim.support_matrix record` (facts, no "
+        "code).",
+        *sorted(name for name in set(registered) if name.startswith("aten::")),
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -377,7 +399,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.action == "record":
         NAMES_FILE.write_text(record_names(), encoding="utf-8")
-        print(f"wrote {NAMES_FILE}")
+        KERNELS_FILE.write_text(record_kernels(), encoding="utf-8")
+        print(f"wrote {NAMES_FILE} and {KERNELS_FILE}")
         return 0
     page = _render_from_code()
     if args.action == "write":

@@ -22,6 +22,7 @@ from xlasim.runtime import state as _runtime
 from xlasim.runtime.device import FactoryKernels, set_wrapper_meta
 from xlasim.runtime.graph import CompileError, InputRef, Node, RecordedCall, stable_id
 from xlasim.runtime.kernel_inputs import check_cpu_inputs, rules_for
+from xlasim.runtime.lowerings import fallback_name
 from xlasim.sharding.op_sharding import OpSharding
 from xlasim.sharding.tensor_sharding import TensorSharding
 
@@ -195,6 +196,8 @@ class XlaSimTensor(torch.Tensor):
             return _run_per_device(info, args, kwargs or {})
         if info.handler is not None:
             out = info.handler(func, args, kwargs or {})
+        elif info.fallback is not None:
+            return _cpu_fallback(info, args, kwargs or {})
         elif info.identity:
             return _identity(info, args[0])
         elif _graph.RECORD_CALLS:
@@ -210,12 +213,13 @@ class XlaSimTensor(torch.Tensor):
 _make_wrapper = torch.Tensor._make_wrapper_subclass
 
 
-def _identity(info: _OpInfo, src: XlaSimTensor) -> XlaSimTensor:
+def _identity(info: _OpInfo, src: XlaSimTensor, kwargs: Any = None) -> XlaSimTensor:
     """An op whose result is its input's IR value (no new node)."""
     runtime = _runtime.current()
     if src._rt is not runtime:
         raise _foreign(src, runtime)
-    out = _new(info.call(src._elem), src._device, src._node, runtime)
+    value = info.call(src._elem, **kwargs) if kwargs else info.call(src._elem)
+    out = _new(value, src._device, src._node, runtime)
     out._sharding = src._sharding
     out._buf = src._buf  # the same value: one buffer
     # The alias holds the same data in the same state (on the host still, moved at the same
@@ -266,7 +270,7 @@ def _new(elem: torch.Tensor, device: torch.device, node: Node | None, rt: Any) -
 class _OpInfo:
     """What the dispatcher needs to know of one op overload, worked out on its first call."""
 
-    __slots__ = ("op", "call", "key", "handler", "identity", "generator", "cpu_rules")
+    __slots__ = ("op", "call", "key", "handler", "identity", "generator", "cpu_rules", "fallback")
 
     def __init__(self, op: Any) -> None:
         self.op = op
@@ -280,6 +284,9 @@ class _OpInfo:
         self.generator = any(a.name == "generator" for a in op._schema.arguments)
         # Arguments torch_xla's kernel refuses as CPU tensors (most ops: none).
         self.cpu_rules = rules_for(op)
+        # The counter of torch_xla's CPU fallback for an op it does not lower (most: None).
+        plain = self.handler is None and not self.identity
+        self.fallback = fallback_name(op) if plain else None
 
 
 # Keyed by id(op) (an OpOverload's own __hash__ is a Python call); the entry keeps the op
@@ -373,13 +380,15 @@ def mark_uploaded(t: Any, rt: Any) -> None:
 
 
 def upload_deferred(t: XlaSimTensor, rt: Any) -> None:
-    """The SPMD upload torch_xla deferred from ``.to('xla')`` to the tensor's first use."""
+    """The upload torch_xla deferred to the tensor's first use: of ``.to('xla')`` under SPMD,
+    or of a CPU fallback's result."""
     start = time.perf_counter_ns()
     rt.metrics.to_device(memory.sent_bytes(rt, t), start)
     moved_at = t._moved_at
     mark_uploaded(t, rt)
     t._moved_at = moved_at
-    rt.graphs.moved_in_use.append(weakref.ref(t))
+    if rt.spmd:
+        rt.graphs.moved_in_use.append(weakref.ref(t))
 
 
 def _replicate_moved(src: XlaSimTensor, rt: Any) -> None:
@@ -624,6 +633,44 @@ def _run_eagerly(graphs: Any, out: Any) -> None:
     pending = [o for o in outputs if type(o) is XlaSimTensor and o._node is not None]
     if pending:
         graphs.execute(pending, sync_all=False, spmd=_runtime.current().spmd, eager=True)
+
+
+def _cpu_fallback(info: _OpInfo, args: Any, kwargs: dict[str, Any]) -> Any:
+    """An op torch_xla does not lower: its CPU fallback. The xla inputs are computed (one
+    graph) and copied to the host, the op runs there, and its results are device tensors whose
+    values wait on the host until their first use (an out= or in-place argument included)."""
+    runtime = _runtime.current()
+    runtime.metrics.inc(info.fallback)
+    flat, spec = torch.utils._pytree.tree_flatten((args, kwargs))
+    xla_inputs = [a for a in flat if type(a) is XlaSimTensor]
+    for t in xla_inputs:
+        owned(t)
+    materialize(xla_inputs)
+    start = time.perf_counter_ns()
+    on_device = [t for t in xla_inputs if not t._on_host]
+    if on_device:
+        runtime.metrics.from_device(sum(_nbytes(t._elem) for t in on_device), start)
+    cpu_args, cpu_kwargs = torch.utils._pytree.tree_unflatten(
+        [a._elem if type(a) is XlaSimTensor else a for a in flat], spec
+    )
+    out = info.call(*cpu_args, **cpu_kwargs)
+    device = xla_inputs[0]._device if xla_inputs else None
+    by_value = {id(t._elem): t for t in xla_inputs}
+
+    def back(o: Any) -> Any:
+        if not isinstance(o, torch.Tensor):
+            return o
+        t = by_value.get(id(o))
+        if t is None:
+            t = wrap_data(o, device)
+        t._node, t._sharding, t._leaf = None, None, None
+        t._on_host, t._computed, t._uploaded_at = True, False, None
+        t._moved_at = runtime.step_barriers if runtime.spmd else None
+        return t
+
+    if isinstance(out, (tuple, list)):
+        return type(out)(back(o) for o in out)
+    return back(out)
 
 
 def _run_op(func: Any, args: Any, kwargs: Any) -> Any:
@@ -899,7 +946,7 @@ def _clone(func, args, kwargs):
     # torch_xla's clone is a new tensor on its source's IR value (no node: the graph and an
     # eager-mode run see nothing), with its source's sharding spec, data or annotation alike;
     # writes to either one later give it a value of its own.
-    return _identity(_op_info(func), src)
+    return _identity(_op_info(func), src, kwargs)  # memory_format: the wrapper's strides
 
 
 def _class_index_target(func, args, kwargs, at: int):
