@@ -197,7 +197,7 @@ class XlaSimTensor(torch.Tensor):
         if info.handler is not None:
             out = info.handler(func, args, kwargs or {})
         elif info.fallback is not None:
-            return _cpu_fallback(info, args, kwargs or {})
+            return _cpu_fallback(info, info.fallback, args, kwargs or {})
         elif info.identity:
             return _identity(info, args[0])
         elif _graph.RECORD_CALLS:
@@ -635,12 +635,12 @@ def _run_eagerly(graphs: Any, out: Any) -> None:
         graphs.execute(pending, sync_all=False, spmd=_runtime.current().spmd, eager=True)
 
 
-def _cpu_fallback(info: _OpInfo, args: Any, kwargs: dict[str, Any]) -> Any:
+def _cpu_fallback(info: _OpInfo, counter: str, args: Any, kwargs: dict[str, Any]) -> Any:
     """An op torch_xla does not lower: its CPU fallback. The xla inputs are computed (one
     graph) and copied to the host, the op runs there, and its results are device tensors whose
     values wait on the host until their first use (an out= or in-place argument included)."""
     runtime = _runtime.current()
-    runtime.metrics.inc(info.fallback)
+    runtime.metrics.inc(counter)
     flat, spec = torch.utils._pytree.tree_flatten((args, kwargs))
     xla_inputs = [a for a in flat if type(a) is XlaSimTensor]
     for t in xla_inputs:
