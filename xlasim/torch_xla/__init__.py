@@ -22,6 +22,13 @@ from .torch_xla import (  # noqa: F401
 )
 from .version import __version__
 
+from xlasim.runtime import dynamo_tensors
+
+from ._internal import custom_kernel  # noqa: E402,F401 - the xla:: ops dynamo graphs call
+
+# torch.compile traces the simulated device tensors as torch_xla's own (and takes its settings).
+dynamo_tensors.install()
+
 # The simulated TPU host has libtpu; it is what picks PJRT_DEVICE=TPU when none is set.
 _found_libtpu = True
 runtime._maybe_select_default_device()
