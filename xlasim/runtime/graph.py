@@ -252,6 +252,18 @@ def user_site() -> str:
     return _user_site()
 
 
+def _same_input(now: InputInfo, compiled: InputInfo) -> bool:
+    """Whether a program compiled for input ``compiled`` runs on ``now`` as it is: device
+    data not annotated yet is taken replicated, what a step barrier would have made it."""
+    if now == compiled:
+        return True
+    return (now.shape, now.dtype, now.sharding or "{replicated}") == (
+        compiled.shape,
+        compiled.dtype,
+        compiled.sharding or "{replicated}",
+    )
+
+
 def _diff(previous: GraphRecord, current: GraphRecord) -> list[str]:
     changes = []
     for i, (old, new) in enumerate(zip(previous.inputs, current.inputs, strict=False)):
@@ -420,11 +432,18 @@ class GraphCache:
         ``CachedCompile`` nor the execution counters move, only the execution time metric."""
         record = self.compiled.get(key)
         tensors = [t for t in tensors if t._node is not None]
-        if record is None or key != hash(tuple(t._node.hash for t in tensors)):
+        if record is None:
             raise RuntimeError(
-                f"the compiled graph {key} is not in the compilation cache (or was compiled for "
-                "other inputs): XLA_COMPILATION_CACHE_SIZE evicted it, or the inputs changed"
+                f"the compiled graph {key} is not in the compilation cache any more "
+                "(XLA_COMPILATION_CACHE_SIZE evicted it)"
             )
+        if key != hash(tuple(t._node.hash for t in tensors)):
+            ops, inputs = _collect([t._node for t in tensors])
+            if ops != record.ops or not all(map(_same_input, inputs, record.inputs)):
+                raise RuntimeError(
+                    f"the compiled graph {key} was compiled for other inputs: "
+                    + "; ".join(_diff(record, GraphRecord(key, "", ops, inputs, len(tensors))))
+                )
         self.compiled.move_to_end(key)
         output_shardings = None
         if self.compiler is not None:

@@ -141,7 +141,16 @@ class _FallbackFinder(torch.fx.Interpreter):
         return result
 
 
+def _clone_inputs(args: tuple[Any, ...]) -> None:
+    """torch_xla clones the inputs before it traces (to restore ones updated in place); the
+    clones are dropped, but cloning data moved from the host under SPMD uploads it
+    replicated, which the inputs' sharding specs show from then on."""
+    for a in args:
+        torch.clone(a)
+
+
 def _check_cpu_fallbacks(gm: torch.fx.GraphModule, args: tuple[Any, ...]) -> None:
+    _clone_inputs(args)
     finder = _FallbackFinder(gm)
     finder.run(*args)
     if finder.on_cpu:
@@ -156,9 +165,38 @@ def _trace(gm: torch.fx.GraphModule, args: tuple[Any, ...]) -> _Traced:
     """Syncs, traces the graph on ``args`` and compiles the traced program (not run)."""
     torch_xla.sync(reset_scope=False)
     specs = _xlac._get_xla_sharding_specs(list(args)) if xr.is_spmd() else []
-    outputs = _pending_outputs(gm(*args))
+    _clone_inputs(args)
+    out = gm(*args)
+    _refuse_sharded_outputs(out)
+    outputs = _pending_outputs(out)
+    del out
     # The traced values are dropped with ``outputs``: torch_xla clears the pending IR.
     return _Traced(_state.current().graphs.warm_up(outputs), specs)
+
+
+def _refuse_sharded_outputs(out: Any) -> None:
+    """An ``XLAShardedTensor`` among the traced values (what ``xla::dynamo_mark_sharding``
+    gives back, or an op on it) is no xla tensor to torch_xla's bridge, which fails on it."""
+    for value in pytree.tree_leaves(out):
+        if isinstance(value, torch.Tensor) and not isinstance(value, XlaSimTensor):
+            if value.device.type == "xla":
+                name = _SCALAR_TYPE_NAMES.get(value.dtype, str(value.dtype))
+                raise RuntimeError(f"Expected XLA tensor. Got: XLA{name}Type")
+
+
+# torch's scalar type names, as torch_xla's type errors print them.
+_SCALAR_TYPE_NAMES = {
+    torch.float32: "Float",
+    torch.float64: "Double",
+    torch.float16: "Half",
+    torch.bfloat16: "BFloat16",
+    torch.int64: "Long",
+    torch.int32: "Int",
+    torch.int16: "Short",
+    torch.int8: "Char",
+    torch.uint8: "Byte",
+    torch.bool: "Bool",
+}
 
 
 def _pending_outputs(out: Any) -> list[XlaSimTensor]:
