@@ -26,14 +26,14 @@ from typing import Any
 
 import torch
 import torch.fx
-from torch.utils import _pytree as pytree
-
 import torch_xla
 import torch_xla._XLAC as _xlac
 import torch_xla.runtime as xr
 import torch_xla.utils.utils as xu
+from torch.utils import _pytree as pytree
 from torch_xla._dynamo import config
 from torch_xla.experimental import eager_mode_context
+
 from xlasim.runtime import state as _state
 from xlasim.runtime.tensor import XlaSimTensor
 
@@ -178,10 +178,13 @@ def _refuse_sharded_outputs(out: Any) -> None:
     """An ``XLAShardedTensor`` among the traced values (what ``xla::dynamo_mark_sharding``
     gives back, or an op on it) is no xla tensor to torch_xla's bridge, which fails on it."""
     for value in pytree.tree_leaves(out):
-        if isinstance(value, torch.Tensor) and not isinstance(value, XlaSimTensor):
-            if value.device.type == "xla":
-                name = _SCALAR_TYPE_NAMES.get(value.dtype, str(value.dtype))
-                raise RuntimeError(f"Expected XLA tensor. Got: XLA{name}Type")
+        if (
+            isinstance(value, torch.Tensor)
+            and not isinstance(value, XlaSimTensor)
+            and value.device.type == "xla"
+        ):
+            name = _SCALAR_TYPE_NAMES.get(value.dtype, str(value.dtype))
+            raise RuntimeError(f"Expected XLA tensor. Got: XLA{name}Type")
 
 
 # torch's scalar type names, as torch_xla's type errors print them.
@@ -255,7 +258,7 @@ class _ConstructorsToDevice:
                 device = node.kwargs.get("device")
                 return (
                     node.target == torch.ops.aten._to_copy.default
-                    and device is not None
+                    and isinstance(device, torch.device)
                     and device.type == "xla"
                 )
 

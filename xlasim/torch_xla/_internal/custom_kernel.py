@@ -10,8 +10,8 @@ import ast
 from typing import Any
 
 import torch
-
 import torch_xla.distributed.spmd as xs
+
 from xlasim.runtime import custom_ops
 
 
