@@ -2,10 +2,10 @@
 
 Real values (PJRT CPU, 4 devices, t = randn(8, 6) sharded ('x', None) on a (2, 2) mesh, read
 with ``_get_xla_sharding_spec`` after ``torch_xla.sync()``): a + b with nothing sharded
-'{replicated}'; t.relu(), t * b, (t + 1).relu() t's sharding; t.sum() '{replicated}';
-t @ w, t.t(), t.view(48), t[:4], t.sum(0) shardings chosen by GSPMD -> UNKNOWN here.
-z = a.sin() annotated ('x', None) while pending: z + 42 and (z * b.cos()).relu() get z's
-sharding.
+'{replicated}'; t.relu(), t * b, (t + 1).relu(), t @ w (w replicated) t's sharding; t.sum()
+'{replicated}'; t.t() '{devices=[1,2,2]0,1,2,3 last_tile_dim_replicate}'; t.view(48), t[:4],
+t.sum(0) shardings chosen by GSPMD -> UNKNOWN here. z = a.sin() annotated ('x', None) while
+pending: z + 42 and (z * b.cos()).relu() get z's sharding.
 """
 
 from __future__ import annotations
@@ -38,12 +38,13 @@ def test_output_shardings_known_exactly():
         w = torch.randn(6, 4).to("xla")
         known = {
             "{replicated}": [a + b, t.sum()],
-            PARTIAL_X: [t.relu(), t * b, (t + 1).relu()],
+            PARTIAL_X: [t.relu(), t * b, (t + 1).relu(), t @ w],
+            "{devices=[1,2,2]0,1,2,3 last_tile_dim_replicate}": [t.t()],
         }
         for spec, results in known.items():
             for r in results:
                 assert output_sharding(r).spec_string() == spec
-        for r in (t @ w, t.t(), t.view(48), t[:4], t.sum(0)):
+        for r in (t.view(48), t[:4], t.sum(0)):
             assert output_sharding(r) is UNKNOWN
 
         # An intermediate annotated while pending passes its sharding on to elementwise
@@ -129,7 +130,8 @@ def _residual_chain(h, r, depth):
 def test_deep_residual_chain_keeps_its_sharding_and_values():
     # Reasoned out: every op of the chain is elementwise, its only non-replicated input is
     # the tiled h (r is transferred unannotated, so replicated), so GSPMD keeps h's tiling
-    # through all 64 blocks; one matmul on the way makes the result GSPMD's choice.
+    # through all 64 blocks; a matmul by a replicated matrix keeps the row tiling too
+    # (measured), one by a sharded one makes the result GSPMD's choice.
     torch.manual_seed(0)
     x_cpu, r_cpu = torch.randn(8, 6), torch.rand(8, 6)
     w_cpu = torch.eye(6)
@@ -145,12 +147,16 @@ def test_deep_residual_chain_keeps_its_sharding_and_values():
         xs.mark_sharding(x, mesh, ("x", None))
         out = _residual_chain(x, r, 64)
         through_mm = _residual_chain(x @ w, r, 64)
+        w_tiled = w_cpu.to("xla")
+        xs.mark_sharding(w_tiled, mesh, (None, "x"))
+        through_tiled = _residual_chain(x @ w_tiled, r, 64)
         plain = _residual_chain(r, r, 64)
         torch_xla.sync()
         assert torch_xla._XLAC._get_xla_sharding_spec(out) == PARTIAL_X
         assert torch_xla._XLAC._get_xla_sharding_spec(plain) == "{replicated}"
+        assert torch_xla._XLAC._get_xla_sharding_spec(through_mm) == PARTIAL_X
         with pytest.raises(NotImplementedError, match="sharding propagation"):
-            torch_xla._XLAC._get_xla_sharding_spec(through_mm)
+            torch_xla._XLAC._get_xla_sharding_spec(through_tiled)
         assert torch.equal(out.cpu(), expected)
         assert torch.equal(through_mm.cpu(), _residual_chain(x_cpu @ w_cpu, r_cpu, 64))
 

@@ -9,10 +9,13 @@ ones torch_xla 2.9 registers, since code may call them as ``torch.ops.xla.<name>
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import Tensor
 from torch.library import custom_op
+
+from xlasim.runtime.tensor import XlaSimTensor
 
 # Linear as einsum keeps the batch dims unflattened, so their shardings propagate.
 _LINEAR = "...n,mn->...m"
@@ -106,3 +109,46 @@ einsum_linear_backward = custom_op(
     mutates_args=(),
 )
 einsum_linear_backward.register_fake(_linear_backward)
+
+
+# The ops torch_xla registers for code compiled by dynamo, with torch_xla's schemas (its own
+# typo in ``should_donoate`` included: callers may pass it by name).  Their kernel for any
+# tensor that is not on the device hands the input back; the simulated tensors' rules are
+# installed by the surface (``torch_xla._internal.custom_kernel``).
+_XLA_LIB = torch.library.Library("xla", "FRAGMENT")  # noqa: TOR901 - schemas need it
+_XLA_LIB.define(
+    "dynamo_mark_sharding(Tensor input, int[] device_ids, int[] mesh_shape, str axis_names, "
+    "str partition_spec) -> Tensor"
+)
+_XLA_LIB.define("dynamo_set_buffer_donor_(Tensor t, bool should_donoate) -> Tensor")
+
+
+def _hand_back(t: Tensor, *_args: object) -> Tensor:
+    return t
+
+
+_XLA_LIB.impl("dynamo_mark_sharding", _hand_back, "CompositeExplicitAutograd")
+_XLA_LIB.impl("dynamo_set_buffer_donor_", _hand_back, "CompositeExplicitAutograd")
+
+# What the two ops run on simulated device tensors, installed by each import of the surface.
+_device_kernels: dict[str, Callable[..., Tensor]] = {}
+
+
+def set_device_kernel(op_name: str, kernel: Callable[..., Tensor]) -> None:
+    """``kernel`` runs ``xla::<op_name>`` on simulated device tensors from now on."""
+    _device_kernels[op_name] = kernel
+
+
+def _on_device(op_name: str) -> Callable[..., Tensor]:
+    def rule(_mode: object, _func: object, _types: object, args: Any, kwargs: Any) -> Tensor:
+        kernel = _device_kernels.get(op_name)
+        if kernel is None:
+            raise RuntimeError(f"xla::{op_name} needs the simulated torch_xla: import torch_xla")
+        return kernel(*args, **kwargs)
+
+    return rule
+
+
+for _name in ("dynamo_mark_sharding", "dynamo_set_buffer_donor_"):
+    # Without a rule the op would reach its kernel with the tensors' CPU values.
+    torch.library.register_torch_dispatch(f"xla::{_name}", XlaSimTensor, _on_device(_name))

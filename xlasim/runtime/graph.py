@@ -274,6 +274,18 @@ def user_site() -> str:
     return _user_site()
 
 
+def _same_input(now: InputInfo, compiled: InputInfo) -> bool:
+    """Whether a program compiled for input ``compiled`` runs on ``now`` as it is: device
+    data not annotated yet is taken replicated, what a step barrier would have made it."""
+    if now == compiled:
+        return True
+    return (now.shape, now.dtype, now.sharding or "{replicated}") == (
+        compiled.shape,
+        compiled.dtype,
+        compiled.sharding or "{replicated}",
+    )
+
+
 def _diff(previous: GraphRecord, current: GraphRecord) -> list[str]:
     changes = []
     for i, (old, new) in enumerate(zip(previous.inputs, current.inputs, strict=False)):
@@ -406,7 +418,6 @@ class GraphCache:
         start = time.perf_counter_ns()
         nodes = [t._node for t in tensors]
         key = hash(tuple(n.hash for n in nodes))
-        metrics = self._metrics
         cached = self._lookup(key)
         site = _user_site()
         output_shardings = None
@@ -414,6 +425,69 @@ class GraphCache:
             output_shardings = self.compiler.compile_graph(tensors, key, site).output_shardings
         if sync_all:
             self.pending = []
+        record = self._record(tensors, nodes, key, cached, site, start, eager, sync_all)
+        self.last_at_site[site] = record
+        self._run(record, tensors, spmd, start, eager, output_shardings, counted=True)
+
+    def warm_up(self, tensors: list[Any]) -> int | None:
+        """Compiles (or finds in the cache) the graph that materializes ``tensors`` without
+        running it, as torch_xla's ``_xla_warm_up_cache`` does; returns its key (None when
+        nothing is pending). The tensors stay pending."""
+        tensors = [t for t in tensors if t._node is not None]
+        if not tensors:
+            return None
+        start = time.perf_counter_ns()
+        nodes = [t._node for t in tensors]
+        key = hash(tuple(n.hash for n in nodes))
+        cached = self._lookup(key)
+        site = _user_site()
+        if self.compiler is not None:
+            self.compiler.compile_graph(tensors, key, site)
+        self.last_at_site[site] = self._record(
+            tensors, nodes, key, cached, site, start, False, False
+        )
+        return key
+
+    def run_cached(self, tensors: list[Any], key: int, *, spmd: bool) -> None:
+        """Runs compiled graph ``key`` for ``tensors`` (the same program traced again on the
+        new inputs), as torch_xla's ``_run_cached_graph`` does: no cache lookup, so neither
+        ``CachedCompile`` nor the execution counters move, only the execution time metric."""
+        record = self.compiled.get(key)
+        tensors = [t for t in tensors if t._node is not None]
+        if record is None:
+            raise RuntimeError(
+                f"the compiled graph {key} is not in the compilation cache any more "
+                "(XLA_COMPILATION_CACHE_SIZE evicted it)"
+            )
+        if key != hash(tuple(t._node.hash for t in tensors)):
+            ops, inputs = _collect([t._node for t in tensors])
+            if ops != record.ops or not all(map(_same_input, inputs, record.inputs)):
+                raise RuntimeError(
+                    f"the compiled graph {key} was compiled for other inputs: "
+                    + "; ".join(_diff(record, GraphRecord(key, "", ops, inputs, len(tensors))))
+                )
+        self.compiled.move_to_end(key)
+        output_shardings = None
+        if self.compiler is not None:
+            output_shardings = self.compiler.compile_graph(
+                tensors, key, record.site
+            ).output_shardings
+        self._run(
+            record, tensors, spmd, time.perf_counter_ns(), False, output_shardings, counted=False
+        )
+
+    def _record(
+        self,
+        tensors: list[Any],
+        nodes: list[Node],
+        key: int,
+        cached: bool,
+        site: str,
+        start: int,
+        eager: bool,
+        sync_all: bool,
+    ) -> GraphRecord:
+        """The cache's record of graph ``key``; a new one is compiled (and timed) here."""
         record = self.compiled.get(key) if cached else None
         if record is None:
             ops, inputs = _collect(nodes)
@@ -425,12 +499,26 @@ class GraphCache:
                 )
             self._store(record)
             if not cached:
-                metrics.add_sample("InputOutputAliasCount", _buffer_donors(tensors, sync_all))
-                metrics.add_sample(
+                self._metrics.add_sample("InputOutputAliasCount", _buffer_donors(tensors, sync_all))
+                self._metrics.add_sample(
                     "EagerOpCompileTime" if eager else "CompileTime", time.perf_counter_ns() - start
                 )
-                metrics.inc("CreateCompileHandles")  # the runtime's compiled executable
-        self.last_at_site[site] = record
+                self._metrics.inc("CreateCompileHandles")  # the runtime's compiled executable
+        return record
+
+    def _run(
+        self,
+        record: GraphRecord,
+        tensors: list[Any],
+        spmd: bool,
+        start: int,
+        eager: bool,
+        output_shardings: tuple[OpSharding, ...] | None,
+        *,
+        counted: bool,
+    ) -> None:
+        """The compiled program runs: its outputs become device data."""
+        metrics = self._metrics
         record.executions += 1
         if spmd:
             _settle_output_shardings(tensors, output_shardings)
@@ -442,10 +530,12 @@ class GraphCache:
             t._computed = True
         # PJRT counts an SPMD (virtual device) program as a replicated execution.
         if spmd:
-            metrics.inc("ExecuteReplicated")
+            if counted:
+                metrics.inc("ExecuteReplicated")
             metrics.add_sample("ExecuteReplicatedTime", time.perf_counter_ns() - start)
         else:
-            metrics.inc("ExecuteComputation")
+            if counted:
+                metrics.inc("ExecuteComputation")
             metrics.add_sample(
                 "EagerOpExecuteTime" if eager else "ExecuteTime", time.perf_counter_ns() - start
             )

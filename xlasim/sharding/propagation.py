@@ -10,12 +10,18 @@ sharding GSPMD propagated to it (checked on PJRT CPU, 4 devices, t sharded ('x',
   a + b, nothing sharded       '{replicated}' (and so are a and b)
   t.relu(), t * b, t + 1       t's sharding
   t.sum(), loss (rank 0)       '{replicated}'
-  t @ w, t.t(), t.view(48)     propagated shardings (e.g. '{devices=[1,2,2]0,1,2,3
-                               last_tile_dim_replicate}' for t.t()) -- not simulated
+  t.t() (2-D)                  t's tiles transposed ('{devices=[1,2,2]0,1,2,3
+                               last_tile_dim_replicate}')
+  a @ w, addmm, nn.Linear      a's row tiles when w is replicated, w's column tiles
+  (2-D, one side sharded)      when a is; the devices of a split contracted
+                               dimension replicate the result
+  t.view(48), a @ w both       propagated shardings -- not simulated
+  sharded in kept dimensions
   ===========================  =================================================
 
-:func:`output_sharding` returns the sharding for the first three rows and :data:`UNKNOWN`
-otherwise, so the simulator never reports a propagated sharding it cannot derive.
+:func:`output_sharding` returns the sharding for the rows above the last and
+:data:`UNKNOWN` otherwise, so the simulator never reports a propagated sharding it cannot
+derive.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import numpy as np
 import torch
 
 from xlasim.sharding.op_sharding import OpSharding, ProtoType
@@ -41,6 +48,9 @@ _ELEMENTWISE_NAMES = {
     "_to_copy", "sigmoid_backward", "tanh_backward", "gelu_backward", "lerp_",
     "addcmul_", "addcdiv_", "mul_.Tensor",
 }  # fmt: skip
+
+# 2-D matrix products: (a, b), and addmm's (bias, a, b).
+_MATMUL_NAMES = {"mm", "addmm"}
 
 _SPEC_RE = re.compile(r"^\{devices=\[([\d,]+)\]([\d,]+)( last_tile_dim_replicate)?\}$")
 
@@ -83,15 +93,106 @@ def _leaf(value: Any) -> tuple[tuple[int, ...] | None, Any]:
     return shape, (TensorSharding(op, shape) if op is not None else None)
 
 
+def _out_shape(name: str, shapes: list[tuple[int, ...] | None]) -> tuple[int, ...] | None:
+    """The output shape of the ops whose shardings are derived from their inputs' shapes
+    (None for any other op, or when an input's shape is not known)."""
+    if any(shape is None for shape in shapes):
+        return None
+    if name == "t" and len(shapes) == 1 and len(shapes[0]) == 2:  # type: ignore[arg-type]
+        return shapes[0][::-1]  # type: ignore[index]
+    matrices = shapes[-2:]
+    if name in _MATMUL_NAMES and len(matrices) == 2 and all(len(s) == 2 for s in matrices):  # type: ignore[arg-type]
+        (m, k), (k2, n) = matrices  # type: ignore[misc]
+        return (m, n) if k == k2 else None
+    if name in _ELEMENTWISE_NAMES:
+        return _broadcast(shapes)  # type: ignore[arg-type]
+    return None
+
+
+def _tiles(s: Any) -> tuple[np.ndarray, int] | None:
+    """A 2-D tiled (or replicated) sharding's device array, shape [d0, d1, replicas], and
+    the replica count; None for anything else (manual, unknown, other ranks)."""
+    if s is None or s.is_replicated:
+        return None
+    op = s.op
+    dims = list(op.tile_assignment_dimensions)
+    replicas = dims.pop() if op.replicate_on_last_tile_dim else 1
+    if op.proto_type != ProtoType.OTHER or len(dims) != 2:
+        return None
+    return np.array(op.tile_assignment_devices).reshape(*dims, replicas), replicas
+
+
+def _tiled(devices: np.ndarray, shape: tuple[int, ...]) -> TensorSharding:
+    """The sharding whose device array is ``devices`` ([d0, d1, replicas])."""
+    if devices.shape[0] == devices.shape[1] == 1:
+        return TensorSharding(OpSharding.replicated(), shape)
+    dims = list(devices.shape[:2])
+    replicate = devices.shape[2] > 1
+    if replicate:
+        dims.append(devices.shape[2])
+    op = OpSharding.from_fields(
+        ProtoType.OTHER, dims, devices.flatten().tolist(), last_tile_dim_replicate=replicate
+    )
+    return TensorSharding(op, shape)
+
+
+def _transposed(s: Any, shape: tuple[int, ...]) -> Any:
+    tiles = _tiles(s)
+    if tiles is None:
+        return UNKNOWN
+    return _tiled(tiles[0].transpose(1, 0, 2), shape)
+
+
+def _matmul(a: Any, b: Any, shape: tuple[int, ...]) -> Any:
+    """GSPMD's sharding of ``a @ b`` (2-D) where one side is replicated, or where only the
+    contracted dimension is split (a partial sum, all-reduced): the kept dimension keeps its
+    tiles and the devices that held pieces of the contracted one replicate the result
+    (measured on torch_xla 2.9, 4 devices, (1, 4) and (2, 2) meshes)."""
+    if a is UNKNOWN or b is UNKNOWN:
+        return UNKNOWN
+    a_tiles, b_tiles = _tiles(a), _tiles(b)
+    if (a_tiles is None and not _unsharded(a)) or (b_tiles is None and not _unsharded(b)):
+        return UNKNOWN  # manual, or not a 2-D tiling
+    if a_tiles is not None and b_tiles is not None:
+        only_contracted = a_tiles[0].shape[0] == 1 and b_tiles[0].shape[1] == 1
+        return TensorSharding(OpSharding.replicated(), shape) if only_contracted else UNKNOWN
+    if a_tiles is not None:
+        devices = a_tiles[0]  # [m, k, replicas]
+        return _tiled(devices.reshape(devices.shape[0], 1, -1), shape)
+    if b_tiles is not None:
+        devices = b_tiles[0].transpose(1, 0, 2)  # [n, k, replicas]
+        return _tiled(devices.reshape(1, devices.shape[0], -1), shape)
+    return TensorSharding(OpSharding.replicated(), shape)
+
+
+def _unsharded(s: Any) -> bool:
+    return s is None or (s is not UNKNOWN and s.is_replicated)
+
+
+def _is_replicated(s: Any) -> bool:
+    return s is not UNKNOWN and s.is_replicated
+
+
 def _combine(
     op: Any, shape: tuple[int, ...] | None, parts: list[tuple[Any, Any]]
 ) -> tuple[tuple[int, ...] | None, Any]:
-    """(shape, sharding) of an op's output of ``shape`` (None: not known) from its inputs'
+    """(shape, sharding) of an op's output of ``shape`` (None: not recorded) from its inputs'
     (shape, sharding)."""
     shardings = [s for _, s in parts]
-    if all(s is None or (s is not UNKNOWN and s.is_replicated) for s in shardings):
-        return shape, None  # nothing sharded upstream: the output is replicated
     shapes = [shape for shape, _ in parts]
+    name = _op_name(op)
+    if all(s is None or (s is not UNKNOWN and s.is_replicated) for s in shardings):
+        # Nothing sharded upstream: the output is replicated.
+        return (shape if shape is not None else _out_shape(name, shapes)), None
+    if name == "t" and len(parts) == 1:
+        out = _out_shape(name, shapes)
+        return (out, _transposed(shardings[0], out)) if out is not None else (None, UNKNOWN)
+    if name in _MATMUL_NAMES:
+        out = _out_shape(name, shapes)
+        bias = shardings[0] if name == "addmm" else None
+        if out is None or len(parts) < 2 or (bias is not None and not _is_replicated(bias)):
+            return None, UNKNOWN
+        return out, _matmul(shardings[-2], shardings[-1], out)
     if _op_name(op) in _ELEMENTWISE_NAMES and all(shape is not None for shape in shapes):
         out_shape = _broadcast(shapes)
         tiled = [

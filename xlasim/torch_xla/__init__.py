@@ -2,11 +2,14 @@
 
 import torch  # noqa: F401 - real torch_xla imports torch first as well
 
+from xlasim.runtime import dynamo_tensors
+
 from . import (
     _XLAC,  # noqa: F401
     experimental,  # noqa: E402,F401 - torch_xla.experimental.eager_mode() needs no import
     runtime,  # noqa: E402,F401
 )
+from ._internal import custom_kernel  # noqa: E402,F401 - the xla:: ops dynamo graphs call
 from .core import xla_model  # noqa: E402,F401
 from .distributed import xla_backend  # noqa: E402,F401 - registers the `xla` process group
 from .torch_xla import (  # noqa: F401
@@ -21,6 +24,9 @@ from .torch_xla import (  # noqa: F401
     sync,
 )
 from .version import __version__
+
+# torch.compile traces the simulated device tensors as torch_xla's own (and takes its settings).
+dynamo_tensors.install()
 
 # The simulated TPU host has libtpu; it is what picks PJRT_DEVICE=TPU when none is set.
 _found_libtpu = True

@@ -1,0 +1,265 @@
+"""torch_xla's dynamo bridge on the simulator.
+
+torch's ``openxla`` backend hands :func:`extract_compiled_graph` the AOTAutograd graph of a
+``torch.compile``d function with the device tensors of its first call, and then calls what it
+returns for every call.  As in torch_xla 2.9, extracting syncs, traces the graph once on the
+inputs and compiles the traced program ahead (``CompileTime``, without running it); each call
+then syncs inputs that still hold pending IR (``DynamoSyncInputExecuteTime``), traces again
+when an input's sharding changed (checked until it has stayed the same
+``XLA_DYNAMO_INPUT_SHARDING_CHECK_THRESHOLD`` times in a row, 5 by default), and runs the
+compiled program (its execution time only: no cache lookup), which gives fresh device data.
+
+The simulator runs the program by tracing the graph on the call's tensors (their values are
+computed as the ops run) and materializing its outputs as the compiled program; a traced
+program that is not the compiled one is an error rather than a silent recompile.  What the
+simulator does not do raises NotImplementedError: graphs with ops that torch_xla runs on the
+CPU (it splits the graph around them), symbolic shapes or numbers among the inputs (dynamic
+shapes), and graphs that update tensors in place.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+import torch_xla
+import torch_xla._XLAC as _xlac
+import torch_xla.runtime as xr
+import torch_xla.utils.utils as xu
+from torch.utils import _pytree as pytree
+from torch_xla._dynamo import config
+from torch_xla.experimental import eager_mode_context
+
+from xlasim.runtime import state as _state
+from xlasim.runtime.tensor import XlaSimTensor
+
+_THRESHOLD = "XLA_DYNAMO_INPUT_SHARDING_CHECK_THRESHOLD"
+# Counters the pass looking for CPU fallbacks keeps while it clears the others at each node.
+_KEPT_COUNTERS = ("DynamoExtractCompiledGraph", "UncachedCompile")
+
+
+def extract_compiled_graph(xla_model: torch.fx.GraphModule, xla_args: Any) -> Callable[..., Any]:
+    """Compiles ``xla_model`` for inputs like ``xla_args``; returns the function to call."""
+    _xlac._xla_increment_counter("DynamoExtractCompiledGraph", 1)
+    with eager_mode_context(False):
+        return _extract(xla_model, tuple(xla_args))
+
+
+@dataclass
+class _Traced:
+    """One tracing of the graph: the compiled program and the input shardings it was for."""
+
+    key: int | None
+    input_specs: list[str]
+
+
+def _extract(gm: torch.fx.GraphModule, args: tuple[Any, ...]) -> Callable[..., Any]:
+    _check_inputs(gm, args)
+    torch_xla.sync(reset_scope=False)
+    _ConstructorsToDevice()(gm.graph)
+    gm.recompile()
+    _check_cpu_fallbacks(gm, args)
+    traced = _trace(gm, args)
+    remaining_checks = _sharding_check_threshold()
+
+    def optimized_mod(*call_args: Any) -> Any:
+        nonlocal traced, remaining_checks
+        runtime = _state.current()
+        if not config.skip_input_data_check:
+            pending = [a for a in call_args if getattr(a, "_node", None) is not None]
+            if pending:
+                _xlac._xla_increment_counter("DynamoSyncInputExecuteTime", 1)
+                _xlac._xla_sync_multi(pending, devices=[], wait=True, sync_xla_data=True)
+        if runtime.spmd and remaining_checks > 0:
+            # Dynamo's guards do not look at shardings: a changed one needs a new program.
+            if _xlac._get_xla_sharding_specs(list(call_args)) != traced.input_specs:
+                traced = _trace(gm, call_args)
+                remaining_checks = _sharding_check_threshold()
+            else:
+                remaining_checks -= 1
+        return _run(gm, call_args, traced, runtime)
+
+    return optimized_mod
+
+
+def _sharding_check_threshold() -> int:
+    return xu.getenv_as(_THRESHOLD, int, 5)
+
+
+def _check_inputs(gm: torch.fx.GraphModule, args: tuple[Any, ...]) -> None:
+    for a in args:
+        if not isinstance(a, torch.Tensor):
+            raise NotImplementedError(
+                f"xlasim's dynamo bridge does not simulate dynamic shapes: the graph takes "
+                f"{type(a).__name__} {a!r} (a symbolic size or number); compile with static "
+                "shapes (torch.compile's default under torch_xla)"
+            )
+        if a.device.type != "xla":
+            warnings.warn(
+                f"Found tensor with shape {a.size()} on {a.device}. Please move all tensors to "
+                "xla device to execute on XLA device.",
+                stacklevel=3,
+            )
+    for node in gm.graph.nodes:
+        schema = getattr(node.target, "_schema", None)
+        if node.op == "call_function" and schema is not None and schema.is_mutable:
+            raise NotImplementedError(
+                f"xlasim's dynamo bridge does not simulate graphs that update tensors in place "
+                f"({node.target}); AOTAutograd's graphs (torch.compile's openxla backend) "
+                "apply input mutations outside the graph"
+            )
+
+
+def _ops_run_on_cpu(counters: list[str]) -> list[str]:
+    return [name for name in counters if name.startswith("aten::")]
+
+
+class _FallbackFinder(torch.fx.Interpreter):
+    """Runs the graph once, node by node, as torch_xla does to find the nodes it must run
+    on the CPU; like torch_xla it clears the counters before each node (keeping two)."""
+
+    def __init__(self, gm: torch.fx.GraphModule) -> None:
+        super().__init__(gm)
+        self.on_cpu: list[torch.fx.Node] = []
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        kept = {name: _xlac._xla_counter_value(name) for name in _KEPT_COUNTERS}
+        _xlac._clear_xla_counters()
+        result = super().run_node(n)
+        args, kwargs = self.fetch_args_kwargs_from_env(n)
+        values = pytree.tree_leaves((result, args, kwargs))
+        off_device = any(isinstance(v, torch.Tensor) and v.device.type != "xla" for v in values)
+        if _ops_run_on_cpu(_xlac._xla_counter_names()) or off_device:
+            self.on_cpu.append(n)
+        for name, value in kept.items():
+            if value:
+                _xlac._xla_increment_counter(name, value)
+        return result
+
+
+def _clone_inputs(args: tuple[Any, ...]) -> None:
+    """torch_xla clones the inputs before it traces (to restore ones updated in place); the
+    clones are dropped, but cloning data moved from the host under SPMD uploads it
+    replicated, which the inputs' sharding specs show from then on."""
+    for a in args:
+        torch.clone(a)
+
+
+def _check_cpu_fallbacks(gm: torch.fx.GraphModule, args: tuple[Any, ...]) -> None:
+    _clone_inputs(args)
+    finder = _FallbackFinder(gm)
+    finder.run(*args)
+    if finder.on_cpu:
+        names = ", ".join(str(n.target) for n in finder.on_cpu)
+        raise NotImplementedError(
+            "xlasim's dynamo bridge does not simulate splitting a graph around the ops torch_xla "
+            f"runs on the CPU or on CPU tensors ({names}); keep them out of the compiled function"
+        )
+
+
+def _trace(gm: torch.fx.GraphModule, args: tuple[Any, ...]) -> _Traced:
+    """Syncs, traces the graph on ``args`` and compiles the traced program (not run)."""
+    torch_xla.sync(reset_scope=False)
+    specs = _xlac._get_xla_sharding_specs(list(args)) if xr.is_spmd() else []
+    _clone_inputs(args)
+    out = gm(*args)
+    _refuse_sharded_outputs(out)
+    outputs = _pending_outputs(out)
+    del out
+    # The traced values are dropped with ``outputs``: torch_xla clears the pending IR.
+    return _Traced(_state.current().graphs.warm_up(outputs), specs)
+
+
+def _refuse_sharded_outputs(out: Any) -> None:
+    """An ``XLAShardedTensor`` among the traced values (what ``xla::dynamo_mark_sharding``
+    gives back, or an op on it) is no xla tensor to torch_xla's bridge, which fails on it."""
+    for value in pytree.tree_leaves(out):
+        if (
+            isinstance(value, torch.Tensor)
+            and not isinstance(value, XlaSimTensor)
+            and value.device.type == "xla"
+        ):
+            name = _SCALAR_TYPE_NAMES.get(value.dtype, str(value.dtype))
+            raise RuntimeError(f"Expected XLA tensor. Got: XLA{name}Type")
+
+
+# torch's scalar type names, as torch_xla's type errors print them.
+_SCALAR_TYPE_NAMES = {
+    torch.float32: "Float",
+    torch.float64: "Double",
+    torch.float16: "Half",
+    torch.bfloat16: "BFloat16",
+    torch.int64: "Long",
+    torch.int32: "Int",
+    torch.int16: "Short",
+    torch.int8: "Char",
+    torch.uint8: "Byte",
+    torch.bool: "Bool",
+}
+
+
+def _pending_outputs(out: Any) -> list[XlaSimTensor]:
+    seen: set[int] = set()
+    pending = []
+    for value in pytree.tree_leaves(out):
+        if isinstance(value, XlaSimTensor) and value._node is not None and id(value) not in seen:
+            seen.add(id(value))
+            pending.append(value)
+    return pending
+
+
+def _run(gm: torch.fx.GraphModule, args: tuple[Any, ...], traced: _Traced, runtime: Any) -> Any:
+    out = gm(*args)
+    outputs = _pending_outputs(out)
+    if outputs:
+        if traced.key is None:
+            raise RuntimeError("the compiled graph was traced without outputs to compute")
+        try:
+            runtime.graphs.run_cached(outputs, traced.key, spmd=runtime.spmd)
+        except RuntimeError as exc:
+            raise NotImplementedError(
+                "xlasim's dynamo bridge runs the compiled program only on inputs like those it "
+                f"was traced for ({exc}); torch_xla runs the stale program (an input sharding "
+                f"changed after {_THRESHOLD} unchanged calls) and fails"
+            ) from None
+    # A program's outputs are buffers of their own, never views of its inputs' data.
+    input_storages = {
+        a._elem.untyped_storage().data_ptr() for a in args if isinstance(a, XlaSimTensor)
+    }
+    for o in outputs:
+        if o._elem.untyped_storage().data_ptr() in input_storages:
+            o._elem = o._elem.clone()
+    return out
+
+
+def _constructor_mover_base() -> type:
+    # Deferred: torch._inductor is heavy, and only a compile needs it.
+    from torch._inductor.fx_passes.post_grad import ConstructorMoverPass
+
+    return ConstructorMoverPass
+
+
+class _ConstructorsToDevice:
+    """Makes the graph's CPU tensor constructors (``torch.arange``...) build device tensors
+    where their results stay on the device, as torch_xla does before tracing."""
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        base = _constructor_mover_base()
+
+        class _Mover(base):  # type: ignore[misc,valid-type]
+            def allow_cpu_device(self, node: torch.fx.Node) -> bool:
+                if super().allow_cpu_device(node):
+                    return True
+                # A copy to the device (``.to('xla')``) takes the CPU tensor it moves.
+                device = node.kwargs.get("device")
+                return (
+                    node.target == torch.ops.aten._to_copy.default
+                    and isinstance(device, torch.device)
+                    and device.type == "xla"
+                )
+
+        _Mover("xla")(graph)
