@@ -167,6 +167,13 @@ def _multi_replica(name: str) -> Exception:
     )
 
 
+def _replica_rows(value: torch.Tensor, groups: Any, name: str) -> tuple[torch.Tensor, int, int]:
+    """``_gathered``, or the value as its own one row when this is the only replica."""
+    if runtime.world_size() == 1:
+        return value.unsqueeze(0), 0, 1
+    return _gathered(value, groups, name)
+
+
 def _gathered(value: torch.Tensor, groups: Any, name: str) -> tuple[torch.Tensor, int, int]:
     """Every replica of this one's group's ``value`` stacked along a new dim 0, this replica's
     position in its group, and the group's size.
@@ -291,10 +298,7 @@ def _reduce_scatter_one(
     shard_count: int,
     groups: Any,
 ) -> torch.Tensor:
-    if runtime.world_size() == 1:
-        rows, index, size = value.unsqueeze(0), 0, 1
-    else:
-        rows, index, size = _gathered(value, groups, "reduce_scatter")
+    rows, index, size = _replica_rows(value, groups, "reduce_scatter")
     if shard_count != size:
         raise RuntimeError(
             f"xm.reduce_scatter: shard_count ({shard_count}) must be the number of replicas "
@@ -360,10 +364,7 @@ def all_to_all(
     """Each replica's ``value`` split in ``split_count`` pieces along ``split_dimension``;
     replica ``i`` gets every replica's ``i``-th piece, concatenated along
     ``concat_dimension`` in replica order."""
-    if runtime.world_size() == 1:
-        rows, index, size = value.unsqueeze(0), 0, 1
-    else:
-        rows, index, size = _gathered(value, groups, "all_to_all")
+    rows, index, size = _replica_rows(value, groups, "all_to_all")
     if split_count != size:
         raise RuntimeError(
             f"xm.all_to_all: split_count ({split_count}) must be the number of replicas "
