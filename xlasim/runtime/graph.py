@@ -88,6 +88,10 @@ class Node:
 # be replayed for the compiler. Off, recording costs nothing.
 RECORD_CALLS = False
 
+# Set for good once any runtime turns eager mode on: until then the per-op path does not look
+# up the active runtime's switch.
+EAGER_SEEN = False
+
 
 class InputRef:
     """A tensor argument of a recorded op: its position in ``Node.inputs``; for device data
@@ -327,9 +331,19 @@ class GraphCache:
         self.compiler: GraphCompiler | None = None
         # torch_xla's graph-executor switches: eager mode runs each op as its own graph;
         # ``torch_xla.compile(full_graph=True)`` forbids executing until its closing sync.
-        self.use_eager_mode = False
+        self._use_eager_mode = False
         self.allow_execution = True
         self.graph_name = ""
+
+    @property
+    def use_eager_mode(self) -> bool:
+        return self._use_eager_mode
+
+    @use_eager_mode.setter
+    def use_eager_mode(self, on: bool) -> None:
+        global EAGER_SEEN
+        self._use_eager_mode = on
+        EAGER_SEEN = EAGER_SEEN or on
 
     # -- persistent cache --------------------------------------------------------------
     def _persistent_dir(self) -> tuple[str | None, bool]:

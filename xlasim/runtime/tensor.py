@@ -204,9 +204,10 @@ class XlaSimTensor(torch.Tensor):
             out = _run_recorded(info, args, kwargs)
         else:
             out = _run(info, args, kwargs)
-        graphs = _runtime.current().graphs
-        if graphs.use_eager_mode:
-            _run_eagerly(graphs, out)
+        if _graph.EAGER_SEEN:
+            graphs = _runtime.current().graphs
+            if graphs.use_eager_mode:
+                _run_eagerly(graphs, out)
         return out
 
 
