@@ -49,17 +49,39 @@ class Node:
 
     ``call`` is set only while ops are recorded for a compiler (``RECORD_CALLS``): the op's
     arguments with each tensor replaced by an :class:`InputRef`, and which output this is.
+    ``args`` keeps what the HLO text needs and the hash drops (a Python float's value): for an
+    aten op its non-tensor positional arguments and its keyword arguments, for torch_xla's
+    custom-sharding nodes a :class:`CustomCall`; None when not recorded.
     """
 
-    __slots__ = ("hash", "op", "inputs", "call")
+    __slots__ = ("hash", "op", "inputs", "call", "args")
 
     def __init__(
-        self, hash_: int, op: Any, inputs: tuple[Any, ...], call: RecordedCall | None = None
+        self,
+        hash_: int,
+        op: Any,
+        inputs: tuple[Any, ...],
+        call: RecordedCall | None = None,
+        args: Any = None,
     ) -> None:
         self.hash = hash_
         self.op = op
         self.inputs = inputs
         self.call = call
+        self.args = args
+
+
+class CustomCall:
+    """torch_xla's ``CustomSharding`` IR node: an HLO custom-call to ``target`` whose output
+    (of ``shape``) carries sharding ``spec`` (its text; None once ``clear_sharding`` removed it
+    from the node)."""
+
+    __slots__ = ("target", "spec", "shape")
+
+    def __init__(self, target: str, spec: str | None, shape: tuple[int, ...]) -> None:
+        self.target = target
+        self.spec = spec
+        self.shape = shape
 
 
 # Switched on by the TPU compiler layer: nodes then keep their op's arguments so the graph can

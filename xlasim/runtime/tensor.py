@@ -7,10 +7,12 @@ accounting follows what real torch_xla would do with the same program.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import time
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -20,7 +22,7 @@ from xlasim.runtime import errors as _errors
 from xlasim.runtime import graph as _graph
 from xlasim.runtime import state as _runtime
 from xlasim.runtime.device import FactoryKernels, set_wrapper_meta
-from xlasim.runtime.graph import CompileError, InputRef, Node, RecordedCall, stable_id
+from xlasim.runtime.graph import CompileError, CustomCall, InputRef, Node, RecordedCall, stable_id
 from xlasim.runtime.kernel_inputs import check_cpu_inputs, rules_for
 from xlasim.sharding.op_sharding import OpSharding
 from xlasim.sharding.tensor_sharding import TensorSharding
@@ -424,12 +426,16 @@ def _run(info: _OpInfo, args: Any, kwargs: Any) -> Any:
     inputs: list[Any] = []
     wrappers: list[XlaSimTensor] = []
     cargs = []
+    consts = []  # the other arguments, kept for the HLO text (a list of tensors as None)
     for a in args:
         if type(a) is XlaSimTensor:
             _take(a, parts, inputs, wrappers, runtime)
             cargs.append(a._elem)
         else:
-            cargs.append(_unwrap_other(a, parts, inputs, wrappers, runtime))
+            c = _unwrap_other(a, parts, inputs, wrappers, runtime)
+            cargs.append(c)
+            consts.append(a if c is a else None)
+    facts = (consts, kwargs)
     if kwargs:
         kwargs = {k: _unwrap_other(v, parts, inputs, wrappers, runtime) for k, v in kwargs.items()}
         if info.generator and kwargs.get("generator") is None:
@@ -454,8 +460,10 @@ def _run(info: _OpInfo, args: Any, kwargs: Any) -> Any:
     if type(out) is torch.Tensor:
         for w in wrappers:  # in-place / out= ops hand back their input
             if w._elem is out:
-                return _update(w, out, 0, info.op, base, node_inputs, pending)
-        node = Node(hash((base, 0, out.shape, _DTYPE_KEYS[out.dtype])), info.op, node_inputs)
+                return _update(w, out, 0, info.op, base, node_inputs, pending, facts)
+        node = Node(
+            hash((base, 0, out.shape, _DTYPE_KEYS[out.dtype])), info.op, node_inputs, None, facts
+        )
         t = _new(out, device, node, runtime)
         pending.append(weakref.ref(t))
         return t
@@ -463,7 +471,7 @@ def _run(info: _OpInfo, args: Any, kwargs: Any) -> Any:
         elems = {id(w._elem): w for w in wrappers}
         return type(out)(
             _wrap_output(
-                o, i, info.op, base, node_inputs, device, elems.get(id(o)), pending, runtime
+                o, i, info.op, base, node_inputs, device, elems.get(id(o)), pending, runtime, facts
             )
             if isinstance(o, torch.Tensor)
             else o
@@ -586,22 +594,78 @@ class _StableIds(dict):
 _DTYPE_KEYS = _StableIds()
 
 
-def _update(w: XlaSimTensor, o: torch.Tensor, index, func, base, inputs, pending) -> XlaSimTensor:
+def _update(
+    w: XlaSimTensor, o: torch.Tensor, index, func, base, inputs, pending, facts=None
+) -> XlaSimTensor:
     """An in-place / out= result: the input tensor gets the new pending node."""
     if w.shape != o.shape or w.stride() != o.stride():
         set_wrapper_meta(w, o)
         w._leaf = None
     if w._node is None:
         w._aliased = True
-    w._node = Node(hash((base, index, o.shape, _DTYPE_KEYS[o.dtype])), func, inputs)
+    w._node = Node(hash((base, index, o.shape, _DTYPE_KEYS[o.dtype])), func, inputs, None, facts)
+    # torch_xla's functionalization keeps an in-place result on its tensor's sharding with a
+    # custom-sharding node over it; not in eager mode, and not for an op XLAShardedTensor
+    # re-dispatches (under no_dispatch, which skips that step).
+    if w._sharding is not None and not _no_functionalization and not w._rt.graphs.use_eager_mode:
+        add_custom_sharding(w, "Sharding", w._sharding.spec_string(), tuple(o.shape))
     pending.append(weakref.ref(w))
     return w
 
 
-def _wrap_output(o, index, func, base, inputs, device, existing, pending, rt):
+def add_custom_sharding(
+    t: XlaSimTensor, target: str, spec: str | None, shape: tuple[int, ...]
+) -> None:
+    """Puts torch_xla's ``CustomSharding`` IR node over ``t``'s value (pending IR, or the
+    data it holds). While ops are recorded for a compiler, which replays aten ops only, the
+    node is left out (the HLO text then refuses the graph)."""
+    if _graph.RECORD_CALLS:
+        return
+    parts: list[Any] = [_CUSTOM_KEY, stable_id(target)]
+    inputs: list[Any] = []
+    node = t._node
+    if node is None:
+        entry = _leaf_entry(t)
+        inputs.append(entry[1])
+        parts.append(entry[2])
+    else:
+        inputs.append(node)
+        parts.append(node.hash)
+    t._node = Node(
+        hash((hash(tuple(parts)), 0, shape, _DTYPE_KEYS[t.dtype])),
+        "xla::custom_sharding",
+        tuple(inputs),
+        None,
+        CustomCall(target, spec, shape),
+    )
+
+
+_CUSTOM_KEY = stable_id("xla::custom_sharding")
+
+_no_functionalization = False
+
+
+@contextlib.contextmanager
+def without_functionalization() -> Iterator[None]:
+    """Ops run inside see no functionalization step (as XLAShardedTensor's re-dispatch)."""
+    global _no_functionalization
+    before = _no_functionalization
+    _no_functionalization = True
+    try:
+        yield
+    finally:
+        _no_functionalization = before
+
+
+def leaf_input(t: XlaSimTensor) -> Any:
+    """The value a graph records for device-data tensor ``t`` (one per buffer and sharding)."""
+    return _leaf_entry(t)[1]
+
+
+def _wrap_output(o, index, func, base, inputs, device, existing, pending, rt, facts=None):
     if existing is not None:  # in-place / out= ops hand back their input
-        return _update(existing, o, index, func, base, inputs, pending)
-    node = Node(hash((base, index, o.shape, _DTYPE_KEYS[o.dtype])), func, inputs)
+        return _update(existing, o, index, func, base, inputs, pending, facts)
+    node = Node(hash((base, index, o.shape, _DTYPE_KEYS[o.dtype])), func, inputs, None, facts)
     t = _new(o, device, node, rt)
     pending.append(weakref.ref(t))
     return t
@@ -680,15 +744,22 @@ def _run_recorded(info: _OpInfo, args: Any, kwargs: Any) -> Any:
     return out
 
 
-def derived(src: XlaSimTensor, value: torch.Tensor, op: str, key: Any = 0) -> XlaSimTensor:
+def derived(
+    src: XlaSimTensor, value: torch.Tensor, op: str, key: Any = 0, args: Any = None
+) -> XlaSimTensor:
     """A pending result of IR op ``op`` (one of torch_xla's own nodes, not an aten op) on
-    ``src``, with ``key`` (ints) covering its other attributes in the graph hash."""
+    ``src``, with ``key`` (ints) covering its other attributes in the graph hash and ``args``
+    what its HLO text needs (``Node.args``)."""
     runtime = owned(src)
     parts: list[Any] = [stable_id(op), key]
     inputs: list[Any] = []
     _take(src, parts, inputs, [], runtime)
     node = Node(
-        hash((hash(tuple(parts)), 0, value.shape, _DTYPE_KEYS[value.dtype])), op, tuple(inputs)
+        hash((hash(tuple(parts)), 0, value.shape, _DTYPE_KEYS[value.dtype])),
+        op,
+        tuple(inputs),
+        None,
+        args,
     )
     t = _new(value, src._device, node, runtime)
     runtime.graphs.pending.append(weakref.ref(t))
