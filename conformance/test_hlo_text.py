@@ -320,3 +320,59 @@ def test_gradient_of_a_sharded_intermediate(xla_target):
         "  ROOT %tuple.8 = (f32[4,4]{1,0}) tuple(f32[4,4]{1,0} %custom-call.7)",
         "}",
     )
+
+
+def test_max_over_a_dim(xla_target):
+    import torch_xla  # noqa: F401  (registers the xla device)
+
+    x = torch.randn(4, 6).to("xla")
+    values, indices = torch.max(x * 2, 0)
+    # One IR node for both outputs: both reduces are in the module whichever is asked for,
+    # and the index reducer's ids start 12 after the iota.
+    assert _hlo([indices, values]) == _text(
+        "HloModule IrToHlo.43, entry_computation_layout={(f32[], f32[4,6]{1,0})->(s64[6]{0}, "
+        "f32[6]{0})}",
+        "",
+        "%MaxComputation.7 (x.8: f32[], y.9: f32[]) -> f32[] {",
+        "  %x.8 = f32[] parameter(0)",
+        "  %y.9 = f32[] parameter(1)",
+        "  ROOT %maximum.10 = f32[] maximum(f32[] %x.8, f32[] %y.9)",
+        "}",
+        "",
+        "%minmax_func.27 (lhs_value.28: f32[], lhs_index.29: s32[], rhs_value.30: f32[], "
+        "rhs_index.31: s32[]) -> (f32[], s32[]) {",
+        "  %lhs_value.28 = f32[] parameter(0)",
+        "  %rhs_value.30 = f32[] parameter(2)",
+        "  %compare.32 = pred[] compare(f32[] %lhs_value.28, f32[] %rhs_value.30), direction=GE",
+        "  %select.33 = f32[] select(pred[] %compare.32, f32[] %lhs_value.28, f32[] %rhs_value.30)",
+        "  %compare.35 = pred[] compare(f32[] %lhs_value.28, f32[] %rhs_value.30), direction=EQ",
+        "  %lhs_index.29 = s32[] parameter(1)",
+        "  %rhs_index.31 = s32[] parameter(3)",
+        "  %minimum.36 = s32[] minimum(s32[] %lhs_index.29, s32[] %rhs_index.31)",
+        "  %select.34 = s32[] select(pred[] %compare.32, s32[] %lhs_index.29, s32[] %rhs_index.31)",
+        "  %select.37 = s32[] select(pred[] %compare.35, s32[] %minimum.36, s32[] %select.34)",
+        "  ROOT %tuple.38 = (f32[], s32[]) tuple(f32[] %select.33, s32[] %select.37)",
+        "}",
+        "",
+        "ENTRY %IrToHlo.43 (p0.1: f32[], p1.2: f32[4,6]) -> (s64[6], f32[6]) {",
+        "  %constant.6 = s32[] constant(4)",
+        "  %p1.2 = f32[4,6]{1,0} parameter(1)",
+        "  %p0.1 = f32[] parameter(0)",
+        "  %broadcast.3 = f32[4,6]{1,0} broadcast(f32[] %p0.1), dimensions={}",
+        "  %multiply.4 = f32[4,6]{1,0} multiply(f32[4,6]{1,0} %p1.2, f32[4,6]{1,0} %broadcast.3)",
+        "  %iota.14 = s32[4,6]{1,0} iota(), iota_dimension=0",
+        "  %constant.12 = f32[] constant(-inf)",
+        "  %constant.13 = s32[] constant(0)",
+        "  %reduce.39 = (f32[6]{0}, s32[6]{0}) reduce(f32[4,6]{1,0} %multiply.4, "
+        "s32[4,6]{1,0} %iota.14, f32[] %constant.12, s32[] %constant.13), dimensions={0}, "
+        "to_apply=%minmax_func.27",
+        "  %get-tuple-element.40 = s32[6]{0} get-tuple-element((f32[6]{0}, s32[6]{0}) "
+        "%reduce.39), index=1",
+        "  %convert.41 = s64[6]{0} convert(s32[6]{0} %get-tuple-element.40)",
+        "  %constant.5 = f32[] constant(-3.40282347e+38)",
+        "  %reduce.11 = f32[6]{0} reduce(f32[4,6]{1,0} %multiply.4, f32[] %constant.5), "
+        "dimensions={0}, to_apply=%MaxComputation.7",
+        "  ROOT %tuple.42 = (s64[6]{0}, f32[6]{0}) tuple(s64[6]{0} %convert.41, f32[6]{0} "
+        "%reduce.11)",
+        "}",
+    )

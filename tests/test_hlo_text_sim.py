@@ -15,8 +15,8 @@ def test_an_op_without_a_reproduced_lowering_is_named(xlasim_sim):
     y = x.exp() + 1
     with pytest.raises(NotImplementedError, match=r"HLO text of pending ops like aten\.exp"):
         torch_xla._XLAC._get_xla_tensors_hlo([x, y])
-    values, _ = torch.max(x, 1)
-    with pytest.raises(NotImplementedError, match=r"aten\.max\.dim"):
+    values, _ = torch.min(x, 1)
+    with pytest.raises(NotImplementedError, match=r"aten\.min\.dim"):
         torch_xla._XLAC._get_xla_tensors_hlo([values])
     torch_xla.sync()
     assert torch_xla._XLAC._get_xla_tensors_hlo([y]) == ""  # executed: plain data

@@ -47,15 +47,17 @@ _SUM = {aten.sum.default, aten.sum.dim_IntList}
 _TRANSPOSE = {aten.t.default, aten.transpose.int, aten.permute.default}
 _RESHAPE = {aten.view.default, aten._unsafe_view.default, aten.reshape.default}
 _IDENTITY = {aten.clone.default}
+_MULTI_OUTPUT = {aten.max.dim}
 # Ops whose IR operands are just their tensor inputs.
 _TENSOR_OPERANDS = frozenset(
     {*_SUM, *_TRANSPOSE, *_RESHAPE, *_IDENTITY, aten.relu.default, aten.mm.default}
-    | {aten.expand.default}
+    | {aten.expand.default, *_MULTI_OUTPUT}
 )
 
 SUPPORTED = (
     "device data and Python scalars, add/sub/rsub (with alpha), mul, div, mm, t, transpose, "
-    "permute, view/reshape, expand, sum (all or some dims), relu, clone, ones_like of a "
+    "permute, view/reshape, expand, sum (all or some dims), max over a dim, relu, clone, "
+    "ones_like of a "
     "scalar (autograd's seed), and torch_xla's "
     "custom-sharding nodes (mark_sharding of a pending value, annotate_custom_sharding, "
     "in-place updates of sharded tensors, _spmd_full_to_shard_shape, "
@@ -89,7 +91,7 @@ def _number(v: Any) -> str:
 
 
 class _Instr:
-    __slots__ = ("id", "name", "dtype", "dims", "m2m", "body", "operands")
+    __slots__ = ("id", "name", "dtype", "dims", "m2m", "body", "operands", "tuple_shape")
 
     def __init__(self, id_, name, dtype, dims, m2m, body, operands) -> None:
         self.id = id_
@@ -99,6 +101,7 @@ class _Instr:
         self.m2m = m2m
         self.body = body
         self.operands = operands
+        self.tuple_shape: str | None = None
 
     @property
     def ref(self) -> str:
@@ -108,6 +111,8 @@ class _Instr:
         return f"{self.dtype}[{','.join(map(str, self.dims))}]"
 
     def full(self) -> str:
+        if self.tuple_shape is not None:
+            return self.tuple_shape
         layout = "{" + ",".join(map(str, self.m2m)) + "}" if self.dims else ""
         return self.bare() + layout
 
@@ -185,6 +190,48 @@ class _Builder:
             x = self.reshape(x, in_sizes)
         return self.broadcast_in_dim(x, sizes, list(range(len(sizes))))
 
+    def max_computation(self) -> str:
+        cid, xid, yid, mid = (self.take_id() for _ in range(4))
+        name = f"MaxComputation.{cid}"
+        self.subcomputations.append(
+            f"%{name} (x.{xid}: f32[], y.{yid}: f32[]) -> f32[] {{\n"
+            f"  %x.{xid} = f32[] parameter(0)\n"
+            f"  %y.{yid} = f32[] parameter(1)\n"
+            f"  ROOT %maximum.{mid} = f32[] maximum(f32[] %x.{xid}, f32[] %y.{yid})\n"
+            "}\n"
+        )
+        return name
+
+    def minmax_function(self) -> str:
+        """The (value, index) reducer of max over a dim; torch_xla's builder spends 12 ids on
+        instructions that do not reach the module just before it."""
+        for _ in range(12):
+            self.take_id()
+        c, lv, li, rv, ri, ge, sv, si, eq, mn, sf, tp = (self.take_id() for _ in range(12))
+        name = f"minmax_func.{c}"
+        self.subcomputations.append(
+            f"%{name} (lhs_value.{lv}: f32[], lhs_index.{li}: s32[], rhs_value.{rv}: f32[], "
+            f"rhs_index.{ri}: s32[]) -> (f32[], s32[]) {{\n"
+            f"  %lhs_value.{lv} = f32[] parameter(0)\n"
+            f"  %rhs_value.{rv} = f32[] parameter(2)\n"
+            f"  %compare.{ge} = pred[] compare(f32[] %lhs_value.{lv}, f32[] %rhs_value.{rv}), "
+            "direction=GE\n"
+            f"  %select.{sv} = f32[] select(pred[] %compare.{ge}, f32[] %lhs_value.{lv}, "
+            f"f32[] %rhs_value.{rv})\n"
+            f"  %compare.{eq} = pred[] compare(f32[] %lhs_value.{lv}, f32[] %rhs_value.{rv}), "
+            "direction=EQ\n"
+            f"  %lhs_index.{li} = s32[] parameter(1)\n"
+            f"  %rhs_index.{ri} = s32[] parameter(3)\n"
+            f"  %minimum.{mn} = s32[] minimum(s32[] %lhs_index.{li}, s32[] %rhs_index.{ri})\n"
+            f"  %select.{si} = s32[] select(pred[] %compare.{ge}, s32[] %lhs_index.{li}, "
+            f"s32[] %rhs_index.{ri})\n"
+            f"  %select.{sf} = s32[] select(pred[] %compare.{eq}, s32[] %minimum.{mn}, "
+            f"s32[] %select.{si})\n"
+            f"  ROOT %tuple.{tp} = (f32[], s32[]) tuple(f32[] %select.{sv}, s32[] %select.{sf})\n"
+            "}\n"
+        )
+        return name
+
     def add_computation(self, dtype: str) -> str:
         cid, xid, yid, aid = (self.take_id() for _ in range(4))
         name = f"AddComputation.{cid}"
@@ -220,8 +267,13 @@ def _binary(b: _Builder, name: str, lhs: _Instr, rhs: _Instr) -> _Instr:
 def _node_args(node: Node) -> tuple[list[Any], dict[str, Any]]:
     if node.args is None or isinstance(node.args, CustomCall):
         raise _unsupported(f"{node.op} (its arguments were not recorded)")
-    consts, kwargs = node.args
-    return consts, kwargs or {}
+    return node.args[0], node.args[1] or {}
+
+
+def _output_index(node: Node) -> int:
+    """Which output of its op ``node`` is (ops with several record it third in ``args``)."""
+    args = node.args
+    return args[2] if type(args) is tuple and len(args) > 2 else 0
 
 
 class _Lowering:
@@ -230,6 +282,17 @@ class _Lowering:
         self.operands: dict[int, list[Any]] = {}
         self.values: dict[int, _Instr] = {}
         self.scalars: dict[float, _Scalar] = {}
+        # The outputs of one multi-output op are one IR node: its first node seen stands for it.
+        self.canonical: dict[int, Node] = {}
+
+    def canon(self, item: Any) -> Any:
+        if isinstance(item, Node) and item.op in _MULTI_OUTPUT and item.args is not None:
+            return self.canonical.setdefault(id(item.args[0]), item)
+        return item
+
+    def value(self, item: Any) -> _Instr:
+        found = self.values[id(self.canon(item))]
+        return found[_output_index(item)] if isinstance(found, list) else found
 
     def scalar(self, v: Any) -> _Scalar:
         if isinstance(v, bool) or not isinstance(v, (int, float)):
@@ -269,13 +332,14 @@ class _Lowering:
         emitted: dict[int, bool] = {}  # False while its operands are being visited
         order: list[Any] = []
         for root in roots:
-            stack = [root]
+            stack = [self.canon(root)]
             while stack:
                 item = stack[-1]
                 state = emitted.get(id(item))
                 if state is None:
                     emitted[id(item)] = False
                     for o in self.ir_operands(item):
+                        o = self.canon(o)
                         if id(o) not in emitted:
                             stack.append(o)
                 elif state is False:
@@ -286,7 +350,8 @@ class _Lowering:
                     stack.pop()
         return order
 
-    def lower(self, item: Any, dtype: str) -> _Instr:
+    def lower(self, item: Any, dtype: str) -> Any:
+        """The instruction of ``item``'s value (a list of them for a multi-output op)."""
         b = self.b
         if isinstance(item, _Scalar):
             if _special(item.value):
@@ -294,7 +359,7 @@ class _Lowering:
             return b.parameter(dtype, (), "")
         if isinstance(item, tuple):  # device data: (shape, dtype, sharding text)
             return b.parameter(xla_type(item[1]), tuple(item[0]), item[2])
-        ins = [self.values[id(o)] for o in self.ir_operands(item)]
+        ins = [self.value(o) for o in self.ir_operands(item)]
         op, call = item.op, item.args
         for x in ins:
             if x.dtype != "f32":
@@ -313,6 +378,8 @@ class _Lowering:
             )
         if op is aten.ones_like.default:
             return self.ones_like(item, dtype)
+        if op is aten.max.dim:
+            return self.max_dim(item, ins[0])
         if op is aten.rsub.Scalar:  # other - self * alpha
             scaled = _binary(b, "multiply", ins[0], ins[2])
             return _binary(b, "subtract", ins[1], scaled)
@@ -376,11 +443,58 @@ class _Lowering:
         shape = _Lowering(self.b.rt)
         source = None
         for item in shape.post_order([node.inputs[0]]):
-            source = shape.values[id(item)] = shape.lower(item, "f32")
-        assert source is not None
+            shape.values[id(item)] = shape.lower(item, "f32")
+        source = shape.value(node.inputs[0])
         if source.dims:
             raise _unsupported(f"{node.op} of a tensor of rank {len(source.dims)}")
         return self.b.expand(self.b.constant(source.dtype, 1), source.dims)
+
+    def max_dim(self, node: Node, x: _Instr) -> list[_Instr]:
+        """torch_xla's max over a dim: a max reduce for the values, then a reduce of
+        (value, iota) pairs keeping the first index of the maximum, converted to s64."""
+        b = self.b
+        consts, kwargs = _node_args(node)
+        _default_layout(x, str(node.op))
+        rank = len(x.dims)
+        keepdim = bool(consts[1]) if len(consts) > 1 else bool(kwargs.get("keepdim", False))
+        if not rank:
+            raise _unsupported(f"{node.op} of a rank-0 tensor")
+        d = consts[0] % rank
+        out = tuple(n for i, n in enumerate(x.dims) if i != d)
+        kept = tuple(1 if i == d else n for i, n in enumerate(x.dims))
+        lowest = b.add("constant", "f32", (), "constant(-3.40282347e+38)")
+        b.constant("s32", x.dims[d])  # torch_xla makes it; nothing uses it
+        to_apply = b.max_computation()
+        values = b.op("reduce", out, [x, lowest], f", dimensions={{{d}}}, to_apply=%{to_apply}")
+        if keepdim:
+            values = b.reshape(values, kept)
+        minus_inf = b.add("constant", "f32", (), "constant(-inf)")
+        zero = b.constant("s32", 0)
+        iota = b.add("iota", "s32", x.dims, f"iota(), iota_dimension={d}")
+        pair_fn = b.minmax_function()
+        pair = b.add(
+            "reduce",
+            "",
+            (),
+            None,
+            [x, iota, minus_inf, zero],
+            attrs=f", dimensions={{{d}}}, to_apply=%{pair_fn}",
+        )
+        layout = "{" + _ints(_default(len(out))) + "}" if out else ""
+        shape = f"[{_ints(out)}]{layout}"
+        pair.tuple_shape = f"(f32{shape}, s32{shape})"
+        index = b.add(
+            "get-tuple-element",
+            "s32",
+            out,
+            f"get-tuple-element({pair.tuple_shape} {pair.ref}), index=1",
+            [pair],
+        )
+        indices = b.op("convert", out, [index])
+        indices.dtype = "s64"
+        if keepdim:
+            indices = b.reshape(indices, kept)
+        return [values, indices]
 
     def sum(self, node: Node, x: _Instr, consts: list[Any], kwargs: dict[str, Any]) -> _Instr:
         b = self.b
@@ -483,14 +597,8 @@ def tensors_hlo(rt: SimRuntime, tensors: list[Any]) -> str:
         return ""
     low = _Lowering(rt)
     for item in low.post_order(roots):
-        dtype = "f32"
-        if isinstance(item, Node):
-            for o in low.ir_operands(item):
-                if id(o) in low.values and not isinstance(o, _Scalar):
-                    dtype = low.values[id(o)].dtype
-                    break
-        low.values[id(item)] = low.lower(item, dtype)
-    outs = [low.values[id(r)] for r in roots]
+        low.values[id(item)] = low.lower(item, "f32")  # the scalars of float32 ops
+    outs = [low.value(r) for r in roots]
     b = low.b
     tuple_shape = "(" + ", ".join(o.full() for o in outs) + ")"
     ops = ", ".join(f"{o.full()} {o.ref}" for o in outs)

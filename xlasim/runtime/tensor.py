@@ -471,7 +471,16 @@ def _run(info: _OpInfo, args: Any, kwargs: Any) -> Any:
         elems = {id(w._elem): w for w in wrappers}
         return type(out)(
             _wrap_output(
-                o, i, info.op, base, node_inputs, device, elems.get(id(o)), pending, runtime, facts
+                o,
+                i,
+                info.op,
+                base,
+                node_inputs,
+                device,
+                elems.get(id(o)),
+                pending,
+                runtime,
+                (consts, facts[1], i),  # one IR node: the outputs share ``consts``
             )
             if isinstance(o, torch.Tensor)
             else o
