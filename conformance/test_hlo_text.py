@@ -376,3 +376,74 @@ def test_max_over_a_dim(xla_target):
         "%reduce.11)",
         "}",
     )
+
+
+def test_linear_layer_and_optimization_barrier(xla_target):
+    import torch_xla.core.xla_model as xm
+
+    torch.manual_seed(0)
+    a = torch.randn(2, 3).to("xla")
+    b = torch.randn(3).to("xla")
+    x = a.t() * 2
+    y = b.sum(0, keepdim=True).view(1)
+    z = a.view(2, 3)  # the same sizes: no reshape
+    xm.optimization_barrier_([x, y, z])
+    # One tuple through the barrier; each tensor's value is its element of the result.
+    assert _hlo([x, z]) == _text(
+        "HloModule IrToHlo.21, entry_computation_layout={(f32[2,3]{1,0}, f32[3]{0}, "
+        "f32[])->(f32[3,2]{1,0}, f32[2,3]{1,0})}",
+        "",
+        "%AddComputation.5 (x.6: f32[], y.7: f32[]) -> f32[] {",
+        "  %x.6 = f32[] parameter(0)",
+        "  %y.7 = f32[] parameter(1)",
+        "  ROOT %add.8 = f32[] add(f32[] %x.6, f32[] %y.7)",
+        "}",
+        "",
+        "ENTRY %IrToHlo.21 (p0.1: f32[2,3], p1.2: f32[3], p2.11: f32[]) -> (f32[3,2], f32[2,3]) {",
+        "  %constant.4 = s32[] constant(3)",
+        "  %p0.1 = f32[2,3]{1,0} parameter(0)",
+        "  %transpose.12 = f32[3,2]{0,1} transpose(f32[2,3]{1,0} %p0.1), dimensions={1,0}",
+        "  %p2.11 = f32[] parameter(2)",
+        "  %broadcast.13 = f32[3,2]{1,0} broadcast(f32[] %p2.11), dimensions={}",
+        "  %multiply.14 = f32[3,2]{1,0} multiply(f32[3,2]{0,1} %transpose.12, f32[3,2]{1,0} "
+        "%broadcast.13)",
+        "  %p1.2 = f32[3]{0} parameter(1)",
+        "  %constant.3 = f32[] constant(0)",
+        "  %reduce.9 = f32[] reduce(f32[3]{0} %p1.2, f32[] %constant.3), dimensions={0}, "
+        "to_apply=%AddComputation.5",
+        "  %reshape.10 = f32[1]{0} reshape(f32[] %reduce.9)",
+        "  %tuple.15 = (f32[3,2]{1,0}, f32[1]{0}, f32[2,3]{1,0}) tuple(f32[3,2]{1,0} "
+        "%multiply.14, f32[1]{0} %reshape.10, f32[2,3]{1,0} %p0.1)",
+        "  %opt-barrier.16 = (f32[3,2]{1,0}, f32[1]{0}, f32[2,3]{1,0}) "
+        "opt-barrier((f32[3,2]{1,0}, f32[1]{0}, f32[2,3]{1,0}) %tuple.15)",
+        "  %get-tuple-element.18 = f32[1]{0} get-tuple-element((f32[3,2]{1,0}, f32[1]{0}, "
+        "f32[2,3]{1,0}) %opt-barrier.16), index=1",
+        "  %get-tuple-element.17 = f32[3,2]{1,0} get-tuple-element((f32[3,2]{1,0}, "
+        "f32[1]{0}, f32[2,3]{1,0}) %opt-barrier.16), index=0",
+        "  %get-tuple-element.19 = f32[2,3]{1,0} get-tuple-element((f32[3,2]{1,0}, "
+        "f32[1]{0}, f32[2,3]{1,0}) %opt-barrier.16), index=2",
+        "  ROOT %tuple.20 = (f32[3,2]{1,0}, f32[2,3]{1,0}) tuple(f32[3,2]{1,0} "
+        "%get-tuple-element.17, f32[2,3]{1,0} %get-tuple-element.19)",
+        "}",
+    )
+    linear = torch.nn.Linear(3, 5).to("xla")
+    # addmm: the dot, then the bias expanded to the output's shape and added.
+    assert _hlo([linear(a)]) == _text(
+        "HloModule IrToHlo.12, entry_computation_layout={(f32[5]{0}, f32[5,3]{1,0}, "
+        "f32[2,3]{1,0})->(f32[2,5]{1,0})}",
+        "",
+        "ENTRY %IrToHlo.12 (p0.1: f32[5], p1.2: f32[5,3], p2.4: f32[2,3]) -> (f32[2,5]) {",
+        "  %p2.4 = f32[2,3]{1,0} parameter(2)",
+        "  %p1.2 = f32[5,3]{1,0} parameter(1)",
+        "  %transpose.3 = f32[3,5]{0,1} transpose(f32[5,3]{1,0} %p1.2), dimensions={1,0}",
+        "  %dot.5 = f32[2,5]{1,0} dot(f32[2,3]{1,0} %p2.4, f32[3,5]{0,1} %transpose.3), "
+        "lhs_contracting_dims={1}, rhs_contracting_dims={0}",
+        "  %p0.1 = f32[5]{0} parameter(0)",
+        "  %reshape.6 = f32[1,5]{1,0} reshape(f32[5]{0} %p0.1)",
+        "  %broadcast.7 = f32[1,5]{1,0} broadcast(f32[1,5]{1,0} %reshape.6), dimensions={0,1}",
+        "  %reshape.8 = f32[5]{0} reshape(f32[1,5]{1,0} %broadcast.7)",
+        "  %broadcast.9 = f32[2,5]{1,0} broadcast(f32[5]{0} %reshape.8), dimensions={1}",
+        "  %add.10 = f32[2,5]{1,0} add(f32[2,5]{1,0} %dot.5, f32[2,5]{1,0} %broadcast.9)",
+        "  ROOT %tuple.11 = (f32[2,5]{1,0}) tuple(f32[2,5]{1,0} %add.10)",
+        "}",
+    )

@@ -47,7 +47,8 @@ _SUM = {aten.sum.default, aten.sum.dim_IntList}
 _TRANSPOSE = {aten.t.default, aten.transpose.int, aten.permute.default}
 _RESHAPE = {aten.view.default, aten._unsafe_view.default, aten.reshape.default}
 _IDENTITY = {aten.clone.default}
-_MULTI_OUTPUT = {aten.max.dim}
+_BARRIER = "xla::optimization_barrier"
+_MULTI_OUTPUT = {aten.max.dim, _BARRIER}
 # Ops whose IR operands are just their tensor inputs.
 _TENSOR_OPERANDS = frozenset(
     {*_SUM, *_TRANSPOSE, *_RESHAPE, *_IDENTITY, aten.relu.default, aten.mm.default}
@@ -56,7 +57,8 @@ _TENSOR_OPERANDS = frozenset(
 
 SUPPORTED = (
     "device data and Python scalars, add/sub/rsub (with alpha), mul, div, mm, t, transpose, "
-    "permute, view/reshape, expand, sum (all or some dims), max over a dim, relu, clone, "
+    "addmm (a Linear layer), permute, view/reshape, expand, sum (all or some dims), max over "
+    "a dim, relu, clone, optimization barriers, "
     "ones_like of a "
     "scalar (autograd's seed), and torch_xla's "
     "custom-sharding nodes (mark_sharding of a pending value, annotate_custom_sharding, "
@@ -312,6 +314,8 @@ class _Lowering:
             op = item.op
             if isinstance(item.args, CustomCall) or op in _TENSOR_OPERANDS:
                 ops = list(item.inputs)
+            elif op is aten.addmm.default:  # torch_xla's node takes the bias last
+                ops = [item.inputs[1], item.inputs[2], item.inputs[0]]
             elif op is aten.ones_like.default:
                 ops = []  # torch_xla makes a constant of the input's shape: no operand
             elif op in _ADD or op in _SUB or op is aten.rsub.Scalar:
@@ -380,6 +384,10 @@ class _Lowering:
             return self.ones_like(item, dtype)
         if op is aten.max.dim:
             return self.max_dim(item, ins[0])
+        if op == _BARRIER:
+            return self.barrier(ins)
+        if op is aten.addmm.default:
+            return self.addmm(item, *ins)
         if op is aten.rsub.Scalar:  # other - self * alpha
             scaled = _binary(b, "multiply", ins[0], ins[2])
             return _binary(b, "subtract", ins[1], scaled)
@@ -420,7 +428,7 @@ class _Lowering:
         if op in _RESHAPE:
             dims = _view_shape(consts[0], x.dims)
             if dims == x.dims:
-                raise _unsupported(f"{op} to the same shape")
+                return x  # torch_xla's reshape to the same sizes makes no instruction
             return b.op("reshape", dims, [x])
         if op in _SUM:
             return self.sum(item, x, consts, kwargs)
@@ -448,6 +456,38 @@ class _Lowering:
         if source.dims:
             raise _unsupported(f"{node.op} of a tensor of rank {len(source.dims)}")
         return self.b.expand(self.b.constant(source.dtype, 1), source.dims)
+
+    def barrier(self, ins: list[_Instr]) -> list[_Instr]:
+        """The values as one tuple through an ``opt-barrier``, then taken out again."""
+        b = self.b
+        shape = "(" + ", ".join(x.full() for x in ins) + ")"
+        together = b.add("tuple", "", (), None, ins)
+        together.tuple_shape = shape
+        barrier = b.add("opt-barrier", "", (), None, [together])
+        barrier.tuple_shape = shape
+        return [
+            b.add(
+                "get-tuple-element",
+                x.dtype,
+                x.dims,
+                f"get-tuple-element({shape} {barrier.ref}), index={i}",
+                [barrier],
+                m2m=x.m2m,
+            )
+            for i, x in enumerate(ins)
+        ]
+
+    def addmm(self, node: Node, mat1: _Instr, mat2: _Instr, bias: _Instr) -> _Instr:
+        """A dot, then the bias expanded to its shape and added (beta and alpha 1)."""
+        consts, kwargs = _node_args(node)
+        if consts or kwargs.get("beta", 1) != 1 or kwargs.get("alpha", 1) != 1:
+            raise _unsupported(f"{node.op} with beta or alpha other than 1")
+        if len(bias.dims) != 1:
+            raise _unsupported(f"{node.op} with a bias of rank {len(bias.dims)}")
+        b = self.b
+        out = (mat1.dims[0], mat2.dims[1])
+        dot = b.op("dot", out, [mat1, mat2], ", lhs_contracting_dims={1}, rhs_contracting_dims={0}")
+        return _binary(b, "add", dot, b.expand(bias, out))
 
     def max_dim(self, node: Node, x: _Instr) -> list[_Instr]:
         """torch_xla's max over a dim: a max reduce for the values, then a reduce of
@@ -509,8 +549,8 @@ class _Lowering:
             if not given:
                 raise _unsupported(f"{node.op} over an empty or unnamed dim list")
             dims = sorted({d % rank for d in given})
-        if keepdim or dtype is not None or not rank:
-            raise _unsupported(f"{node.op} with keepdim, dtype or of a rank-0 tensor")
+        if dtype is not None or not rank:
+            raise _unsupported(f"{node.op} with a dtype or of a rank-0 tensor")
         init = b.constant(x.dtype, 0)
         count = 1
         for d in dims:
@@ -518,12 +558,15 @@ class _Lowering:
         b.constant("s32", count)  # torch_xla makes it; nothing uses it
         to_apply = b.add_computation(x.dtype)
         out = tuple(n for i, n in enumerate(x.dims) if i not in dims)
-        return b.op(
+        reduced = b.op(
             "reduce",
             out,
             [x, init],
             ", dimensions={" + ",".join(map(str, dims)) + "}, to_apply=%" + to_apply,
         )
+        if keepdim:
+            return b.reshape(reduced, tuple(1 if i in dims else n for i, n in enumerate(x.dims)))
+        return reduced
 
 
 def _permutation(op: Any, consts: list[Any], rank: int) -> list[int]:

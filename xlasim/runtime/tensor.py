@@ -650,6 +650,35 @@ def add_custom_sharding(
 
 
 _CUSTOM_KEY = stable_id("xla::custom_sharding")
+_BARRIER_KEY = stable_id("xla::optimization_barrier")
+
+
+def add_optimization_barrier(tensors: list[XlaSimTensor]) -> None:
+    """``xm.optimization_barrier_``: one IR node over the tensors' values whose outputs
+    become their values (the values are unchanged). While ops are recorded for a compiler,
+    which replays aten ops only, it is left out (the HLO text then refuses the graph)."""
+    if _graph.RECORD_CALLS or not tensors:
+        return
+    rt = owned(tensors[0])
+    parts: list[Any] = [_BARRIER_KEY]
+    inputs: list[Any] = []
+    for t in tensors:
+        _take(t, parts, inputs, [], rt)
+    base = hash(tuple(parts))
+    consts: list[Any] = []  # shared by the outputs: they are one IR node
+    node_inputs = tuple(inputs)
+    for index, t in enumerate(tensors):
+        if t._node is None:
+            t._aliased = True  # data given a new IR value in place, as an in-place op does
+        t._node = Node(
+            hash((base, index, t.shape, _DTYPE_KEYS[t.dtype])),
+            "xla::optimization_barrier",
+            node_inputs,
+            None,
+            (consts, None, index),
+        )
+        rt.graphs.pending.append(weakref.ref(t))
+
 
 _no_functionalization = False
 

@@ -34,6 +34,7 @@ from xlasim.runtime.sysenv import env_flag
 from xlasim.runtime.tensor import (
     XlaSimTensor,
     add_custom_sharding,
+    add_optimization_barrier,
     mark_uploaded,
     materialize,
     wrap_data,
@@ -400,6 +401,11 @@ def _mark_manual_sharding(t: Any, sharding: OpSharding) -> None:
             "IsNonDeviceDataIR(input)", "Marking any data tensors as manual is not supported"
         )
     _xla_mark_sharding(x, sharding)
+
+
+def _xla_optimization_barrier_(tensors: Sequence[Any]) -> None:
+    """``tensor_methods::optimization_barrier_``: one IR node over the tensors' values."""
+    add_optimization_barrier([xla_tensor(t) for t in tensors])
 
 
 def _xla_get_auto_sharding() -> bool:
