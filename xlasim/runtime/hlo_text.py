@@ -13,6 +13,8 @@ Measured on torch_xla 2.9, and reproduced here for the ops in ``SUPPORTED``:
   parameter per distinct value (torch_xla caches scalar data).
 - ``add``/``sub`` multiply the other operand by ``alpha`` first; a binary op broadcasts a
   rank-0 operand to the other's shape (``dimensions={}``).
+- An op with several outputs (max over a dim, an optimization barrier) is one IR node: it is
+  lowered whole, whichever outputs are asked for, and what nothing uses stays in the text.
 - The text lists sub-computations first, then the entry computation in HLO post-order:
   from each instruction no other uses, in id order (dead constants included, then the ROOT
   tuple), operands before users.
