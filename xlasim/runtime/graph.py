@@ -73,15 +73,20 @@ class Node:
 
 class CustomCall:
     """torch_xla's ``CustomSharding`` IR node: an HLO custom-call to ``target`` whose output
-    (of ``shape``) carries sharding ``spec`` (its text; None once ``clear_sharding`` removed it
-    from the node)."""
+    (of ``shape``) carries sharding ``spec``: its text, or the ``TensorSharding`` whose text it
+    is (asked for only when the HLO text is written: an underived sharding has none); None
+    once ``clear_sharding`` removed it from the node."""
 
     __slots__ = ("target", "spec", "shape")
 
-    def __init__(self, target: str, spec: str | None, shape: tuple[int, ...]) -> None:
+    def __init__(self, target: str, spec: str | TensorSharding | None, shape: tuple[int, ...]):
         self.target = target
         self.spec = spec
         self.shape = shape
+
+    def spec_text(self) -> str | None:
+        spec = self.spec
+        return spec if spec is None or isinstance(spec, str) else spec.spec_string()
 
 
 # Switched on by the TPU compiler layer: nodes then keep their op's arguments so the graph can

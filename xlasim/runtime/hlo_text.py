@@ -374,7 +374,8 @@ class _Lowering:
             x = ins[0]
             if tuple(call.shape) != x.dims:
                 _default_layout(x, f"custom-call {call.target}")
-            spec = f", sharding={call.spec}" if call.spec is not None else ""
+            text = call.spec_text()
+            spec = f", sharding={text}" if text is not None else ""
             return b.op(
                 "custom-call",
                 call.shape,

@@ -617,14 +617,12 @@ def _update(
     # custom-sharding node over it; not in eager mode, and not for an op XLAShardedTensor
     # re-dispatches (under no_dispatch, which skips that step).
     if w._sharding is not None and not _no_functionalization and not w._rt.graphs.use_eager_mode:
-        add_custom_sharding(w, "Sharding", w._sharding.spec_string(), tuple(o.shape))
+        add_custom_sharding(w, "Sharding", w._sharding, tuple(o.shape))
     pending.append(weakref.ref(w))
     return w
 
 
-def add_custom_sharding(
-    t: XlaSimTensor, target: str, spec: str | None, shape: tuple[int, ...]
-) -> None:
+def add_custom_sharding(t: XlaSimTensor, target: str, spec: Any, shape: tuple[int, ...]) -> None:
     """Puts torch_xla's ``CustomSharding`` IR node over ``t``'s value (pending IR, or the
     data it holds). While ops are recorded for a compiler, which replays aten ops only, the
     node is left out (the HLO text then refuses the graph)."""
