@@ -1,7 +1,8 @@
-"""``_XLAC._get_xla_tensors_hlo`` for graphs of device data: the parameters (with their
-shardings under SPMD), the returned tuple, the instruction ids, and the empty text for
-tensors torch_xla holds as plain data. Every expected text was read from real torch_xla 2.9
-on PJRT CPU (4 devices)."""
+"""``_XLAC._get_xla_tensors_hlo``: graphs of device data (the parameters with their
+shardings under SPMD, the returned tuple, the instruction ids, and the empty text for tensors
+torch_xla holds as plain data) and graphs of pending ops (instruction ids in lowering order,
+HLO post-order, scalars as constants or parameters, layouts, custom-calls for sharding).
+Every expected text was read from real torch_xla 2.9 on PJRT CPU (4 devices)."""
 
 from __future__ import annotations
 
@@ -72,3 +73,377 @@ def test_sharded_data_under_spmd(xla_target):
     d = torch.randn(2, 2).to("xla")
     _ = d * 3  # a use uploads it, replicated
     assert _hlo([d]) == _module([("f32[2,2]", "{1,0}", ", sharding={replicated}")], [0])
+
+
+def _text(*lines: str) -> str:
+    """A module's text from its lines, as torch_xla ends it."""
+    return "\n".join(lines) + "\n\n"
+
+
+# Pending ops. Every expected text below is what real torch_xla 2.9 printed for the program.
+def test_arithmetic_with_tensors_and_python_scalars(xla_target):
+    import torch_xla  # noqa: F401  (registers the xla device)
+
+    torch.manual_seed(0)
+    a = torch.randn(1, 4).to("xla")
+    b = torch.randn(1, 4).to("xla")
+    # alpha (1) is a constant multiplying the other operand; ids follow lowering order.
+    assert _hlo([a + b]) == _text(
+        "HloModule IrToHlo.8, entry_computation_layout={(f32[1,4]{1,0}, "
+        "f32[1,4]{1,0})->(f32[1,4]{1,0})}",
+        "",
+        "ENTRY %IrToHlo.8 (p0.2: f32[1,4], p1.3: f32[1,4]) -> (f32[1,4]) {",
+        "  %p1.3 = f32[1,4]{1,0} parameter(1)",
+        "  %p0.2 = f32[1,4]{1,0} parameter(0)",
+        "  %constant.1 = f32[] constant(1)",
+        "  %broadcast.4 = f32[1,4]{1,0} broadcast(f32[] %constant.1), dimensions={}",
+        "  %multiply.5 = f32[1,4]{1,0} multiply(f32[1,4]{1,0} %p0.2, f32[1,4]{1,0} %broadcast.4)",
+        "  %add.6 = f32[1,4]{1,0} add(f32[1,4]{1,0} %p1.3, f32[1,4]{1,0} %multiply.5)",
+        "  ROOT %tuple.7 = (f32[1,4]{1,0}) tuple(f32[1,4]{1,0} %add.6)",
+        "}",
+    )
+    # 3 is one f32[] parameter for both uses, 1 (alpha) a constant per use; 2 - a is rsub.
+    assert _hlo([a * 3 + 3, 2 - a]) == _text(
+        "HloModule IrToHlo.16, entry_computation_layout={(f32[], f32[1,4]{1,0}, "
+        "f32[])->(f32[1,4]{1,0}, f32[1,4]{1,0})}",
+        "",
+        "ENTRY %IrToHlo.16 (p0.2: f32[], p1.3: f32[1,4], p2.10: f32[]) -> (f32[1,4], f32[1,4]) {",
+        "  %p1.3 = f32[1,4]{1,0} parameter(1)",
+        "  %p0.2 = f32[] parameter(0)",
+        "  %broadcast.4 = f32[1,4]{1,0} broadcast(f32[] %p0.2), dimensions={}",
+        "  %multiply.5 = f32[1,4]{1,0} multiply(f32[1,4]{1,0} %p1.3, f32[1,4]{1,0} %broadcast.4)",
+        "  %constant.1 = f32[] constant(1)",
+        "  %multiply.6 = f32[] multiply(f32[] %p0.2, f32[] %constant.1)",
+        "  %broadcast.7 = f32[1,4]{1,0} broadcast(f32[] %multiply.6), dimensions={}",
+        "  %add.8 = f32[1,4]{1,0} add(f32[1,4]{1,0} %multiply.5, f32[1,4]{1,0} %broadcast.7)",
+        "  %p2.10 = f32[] parameter(2)",
+        "  %broadcast.13 = f32[1,4]{1,0} broadcast(f32[] %p2.10), dimensions={}",
+        "  %constant.9 = f32[] constant(1)",
+        "  %broadcast.11 = f32[1,4]{1,0} broadcast(f32[] %constant.9), dimensions={}",
+        "  %multiply.12 = f32[1,4]{1,0} multiply(f32[1,4]{1,0} %p1.3, f32[1,4]{1,0} %broadcast.11)",
+        "  %subtract.14 = f32[1,4]{1,0} subtract(f32[1,4]{1,0} %broadcast.13, f32[1,4]{1,0} "
+        "%multiply.12)",
+        "  ROOT %tuple.15 = (f32[1,4]{1,0}, f32[1,4]{1,0}) tuple(f32[1,4]{1,0} %add.8, "
+        "f32[1,4]{1,0} %subtract.14)",
+        "}",
+    )
+
+
+def test_matmul_transpose_reduce_and_reshapes(xla_target):
+    import torch_xla  # noqa: F401  (registers the xla device)
+
+    torch.manual_seed(0)
+    c = torch.randn(2, 3).to("xla")
+    a = torch.randn(1, 4).to("xla")
+    # The transpose keeps its operand's memory order: layout {0,1}.
+    assert _hlo([c.t() @ c]) == _text(
+        "HloModule IrToHlo.5, entry_computation_layout={(f32[2,3]{1,0})->(f32[3,3]{1,0})}",
+        "",
+        "ENTRY %IrToHlo.5 (p0.1: f32[2,3]) -> (f32[3,3]) {",
+        "  %p0.1 = f32[2,3]{1,0} parameter(0)",
+        "  %transpose.2 = f32[3,2]{0,1} transpose(f32[2,3]{1,0} %p0.1), dimensions={1,0}",
+        "  %dot.3 = f32[3,3]{1,0} dot(f32[3,2]{0,1} %transpose.2, f32[2,3]{1,0} %p0.1), "
+        "lhs_contracting_dims={1}, rhs_contracting_dims={0}",
+        "  ROOT %tuple.4 = (f32[3,3]{1,0}) tuple(f32[3,3]{1,0} %dot.3)",
+        "}",
+    )
+    # A sum reduces with an add computation; its unused element count stays in the text.
+    assert _hlo([c.sum(1), c.relu().view(6)]) == _text(
+        "HloModule IrToHlo.14, entry_computation_layout={(f32[2,3]{1,0})->(f32[2]{0}, f32[6]{0})}",
+        "",
+        "%AddComputation.4 (x.5: f32[], y.6: f32[]) -> f32[] {",
+        "  %x.5 = f32[] parameter(0)",
+        "  %y.6 = f32[] parameter(1)",
+        "  ROOT %add.7 = f32[] add(f32[] %x.5, f32[] %y.6)",
+        "}",
+        "",
+        "ENTRY %IrToHlo.14 (p0.1: f32[2,3]) -> (f32[2], f32[6]) {",
+        "  %constant.3 = s32[] constant(3)",
+        "  %p0.1 = f32[2,3]{1,0} parameter(0)",
+        "  %constant.2 = f32[] constant(0)",
+        "  %reduce.8 = f32[2]{0} reduce(f32[2,3]{1,0} %p0.1, f32[] %constant.2), "
+        "dimensions={1}, to_apply=%AddComputation.4",
+        "  %constant.9 = f32[] constant(0)",
+        "  %broadcast.10 = f32[2,3]{1,0} broadcast(f32[] %constant.9), dimensions={}",
+        "  %maximum.11 = f32[2,3]{1,0} maximum(f32[2,3]{1,0} %p0.1, f32[2,3]{1,0} %broadcast.10)",
+        "  %reshape.12 = f32[6]{0} reshape(f32[2,3]{1,0} %maximum.11)",
+        "  ROOT %tuple.13 = (f32[2]{0}, f32[6]{0}) tuple(f32[2]{0} %reduce.8, f32[6]{0} "
+        "%reshape.12)",
+        "}",
+    )
+    assert _hlo([a.expand(3, 4)]) == _text(
+        "HloModule IrToHlo.6, entry_computation_layout={(f32[1,4]{1,0})->(f32[3,4]{1,0})}",
+        "",
+        "ENTRY %IrToHlo.6 (p0.1: f32[1,4]) -> (f32[3,4]) {",
+        "  %p0.1 = f32[1,4]{1,0} parameter(0)",
+        "  %broadcast.2 = f32[1,4]{1,0} broadcast(f32[1,4]{1,0} %p0.1), dimensions={0,1}",
+        "  %reshape.3 = f32[4]{0} reshape(f32[1,4]{1,0} %broadcast.2)",
+        "  %broadcast.4 = f32[3,4]{1,0} broadcast(f32[4]{0} %reshape.3), dimensions={1}",
+        "  ROOT %tuple.5 = (f32[3,4]{1,0}) tuple(f32[3,4]{1,0} %broadcast.4)",
+        "}",
+    )
+
+
+def _spmd_mesh(xla_target):
+    import torch_xla.distributed.spmd as xs
+    import torch_xla.runtime as xr
+
+    if xla_target.num_devices != 4:
+        pytest.skip(f"written for a 4-device slice, {xla_target} has {xla_target.num_devices}")
+    xr.use_spmd()
+    return xs.Mesh(np.arange(4), (1, 4))
+
+
+def test_custom_sharding_nodes(xla_target):
+    import torch_xla.distributed.spmd as xs
+
+    mesh = _spmd_mesh(xla_target)
+    x = torch.ones(2, 2).to("xla")
+    xs.mark_sharding(x, mesh, (0, 1))
+    x.add_(1)  # an in-place update keeps the tensor's sharding through a custom-call
+    assert _hlo([x]) == _text(
+        "HloModule IrToHlo.9, entry_computation_layout={(f32[2,2]{1,0})->(f32[2,2]{1,0})}",
+        "",
+        "ENTRY %IrToHlo.9 (p0.3: f32[2,2]) -> (f32[2,2]) {",
+        "  %p0.3 = f32[2,2]{1,0} parameter(0), sharding={devices=[1,4]0,1,2,3}",
+        "  %constant.2 = f32[] constant(1)",
+        "  %constant.1 = f32[] constant(1)",
+        "  %multiply.4 = f32[] multiply(f32[] %constant.2, f32[] %constant.1)",
+        "  %broadcast.5 = f32[2,2]{1,0} broadcast(f32[] %multiply.4), dimensions={}",
+        "  %add.6 = f32[2,2]{1,0} add(f32[2,2]{1,0} %p0.3, f32[2,2]{1,0} %broadcast.5)",
+        "  %custom-call.7 = f32[2,2]{1,0} custom-call(f32[2,2]{1,0} %add.6), "
+        'custom_call_target="Sharding", sharding={devices=[1,4]0,1,2,3}',
+        "  ROOT %tuple.8 = (f32[2,2]{1,0}) tuple(f32[2,2]{1,0} %custom-call.7)",
+        "}",
+    )
+    a = torch.randn(1, 4).to("xla") + torch.randn(1, 4).to("xla")
+    a = xs.mark_sharding(a, mesh, (0, 1))
+    a += 0  # through XLAShardedTensor: no custom-call after the add
+    assert _hlo([a.global_tensor]) == _text(
+        "HloModule IrToHlo.14, entry_computation_layout={(f32[1,4]{1,0}, "
+        "f32[1,4]{1,0})->(f32[1,4]{1,0})}",
+        "",
+        "ENTRY %IrToHlo.14 (p0.4: f32[1,4], p1.5: f32[1,4]) -> (f32[1,4]) {",
+        "  %p1.5 = f32[1,4]{1,0} parameter(1), sharding={replicated}",
+        "  %p0.4 = f32[1,4]{1,0} parameter(0), sharding={replicated}",
+        "  %constant.3 = f32[] constant(1)",
+        "  %broadcast.6 = f32[1,4]{1,0} broadcast(f32[] %constant.3), dimensions={}",
+        "  %multiply.7 = f32[1,4]{1,0} multiply(f32[1,4]{1,0} %p0.4, f32[1,4]{1,0} %broadcast.6)",
+        "  %add.8 = f32[1,4]{1,0} add(f32[1,4]{1,0} %p1.5, f32[1,4]{1,0} %multiply.7)",
+        "  %custom-call.9 = f32[1,4]{1,0} custom-call(f32[1,4]{1,0} %add.8), "
+        'custom_call_target="Sharding", sharding={devices=[1,4]0,1,2,3}',
+        "  %constant.2 = f32[] constant(0)",
+        "  %constant.1 = f32[] constant(1)",
+        "  %multiply.10 = f32[] multiply(f32[] %constant.2, f32[] %constant.1)",
+        "  %broadcast.11 = f32[1,4]{1,0} broadcast(f32[] %multiply.10), dimensions={}",
+        "  %add.12 = f32[1,4]{1,0} add(f32[1,4]{1,0} %custom-call.9, f32[1,4]{1,0} %broadcast.11)",
+        "  ROOT %tuple.13 = (f32[1,4]{1,0}) tuple(f32[1,4]{1,0} %add.12)",
+        "}",
+    )
+    d = torch.randn(2, 4).to("xla")
+    xs.mark_sharding(d, mesh, (0, 1))
+    xs.annotate_custom_sharding(d, mesh, (1, 0))
+    assert _hlo([d]) == _text(
+        "HloModule IrToHlo.4, entry_computation_layout={(f32[2,4]{1,0})->(f32[2,4]{1,0})}",
+        "",
+        "ENTRY %IrToHlo.4 (p0.1: f32[2,4]) -> (f32[2,4]) {",
+        "  %p0.1 = f32[2,4]{1,0} parameter(0), sharding={devices=[1,4]0,1,2,3}",
+        "  %custom-call.2 = f32[2,4]{1,0} custom-call(f32[2,4]{1,0} %p0.1), "
+        'custom_call_target="Sharding", sharding={devices=[4,1]0,1,2,3}',
+        "  ROOT %tuple.3 = (f32[2,4]{1,0}) tuple(f32[2,4]{1,0} %custom-call.2)",
+        "}",
+    )
+
+
+def test_manual_sharding_custom_calls(xla_target):
+    import torch_xla
+    import torch_xla.distributed.spmd as xs
+
+    mesh = _spmd_mesh(xla_target)
+    w = torch.zeros(8, 8).to("xla")
+    w += 1
+    wt = xs.mark_sharding(w, mesh, (0, 1))
+    xs.clear_sharding(wt)  # leaves the custom-call, without its sharding
+    wt = xs._mark_manual_sharding(wt)
+    replicated = torch_xla._XLAC.OpSharding([], [], [], xs.ShardingType.REPLICATED)
+    full = torch_xla._XLAC._spmd_shard_to_full_shape(wt.global_tensor, replicated, w.shape, w.dtype)
+    z = torch.zeros(8, 8).to("xla")
+    zt = xs.mark_sharding(z, mesh, (0, 1))
+    shards = torch_xla._XLAC._spmd_full_to_shard_shape(zt.global_tensor)
+    assert _hlo([shards, full]) == _text(
+        "HloModule IrToHlo.13, entry_computation_layout={(f32[8,8]{1,0}, "
+        "f32[8,8]{1,0})->(f32[8,2]{1,0}, f32[8,8]{1,0})}",
+        "",
+        "ENTRY %IrToHlo.13 (p0.1: f32[8,8], p1.5: f32[8,8]) -> (f32[8,2], f32[8,8]) {",
+        "  %p0.1 = f32[8,8]{1,0} parameter(0), sharding={devices=[1,4]0,1,2,3}",
+        "  %custom-call.2 = f32[8,2]{1,0} custom-call(f32[8,8]{1,0} %p0.1), "
+        'custom_call_target="SPMDFullToShardShape", sharding={manual}',
+        "  %p1.5 = f32[8,8]{1,0} parameter(1), sharding={replicated}",
+        "  %constant.4 = f32[] constant(1)",
+        "  %constant.3 = f32[] constant(1)",
+        "  %multiply.6 = f32[] multiply(f32[] %constant.4, f32[] %constant.3)",
+        "  %broadcast.7 = f32[8,8]{1,0} broadcast(f32[] %multiply.6), dimensions={}",
+        "  %add.8 = f32[8,8]{1,0} add(f32[8,8]{1,0} %p1.5, f32[8,8]{1,0} %broadcast.7)",
+        "  %custom-call.9 = f32[8,8]{1,0} custom-call(f32[8,8]{1,0} %add.8), "
+        'custom_call_target="Sharding"',
+        "  %custom-call.10 = f32[8,8]{1,0} custom-call(f32[8,8]{1,0} %custom-call.9), "
+        'custom_call_target="Sharding", sharding={manual}',
+        "  %custom-call.11 = f32[8,8]{1,0} custom-call(f32[8,8]{1,0} %custom-call.10), "
+        'custom_call_target="SPMDShardToFullShape", sharding={replicated}',
+        "  ROOT %tuple.12 = (f32[8,2]{1,0}, f32[8,8]{1,0}) tuple(f32[8,2]{1,0} "
+        "%custom-call.2, f32[8,8]{1,0} %custom-call.11)",
+        "}",
+    )
+
+
+def test_gradient_of_a_sharded_intermediate(xla_target):
+    from torch_xla.distributed.spmd.xla_sharding import MarkShardingFunction
+
+    mesh = _spmd_mesh(xla_target)
+    v = torch.randn(4, 4, requires_grad=True).to("xla")
+    p = v @ v
+    p.retain_grad()
+    MarkShardingFunction.apply(p, mesh, (0, 1)).sum().backward()
+    # The seed gradient of the scalar loss, expanded to p's shape, under p's sharding.
+    assert _hlo([p.grad]) == _text(
+        "HloModule IrToHlo.9, entry_computation_layout={()->(f32[4,4]{1,0})}",
+        "",
+        "ENTRY %IrToHlo.9 () -> (f32[4,4]) {",
+        "  %constant.1 = f32[] constant(1)",
+        "  %broadcast.2 = f32[] broadcast(f32[] %constant.1), dimensions={}",
+        "  %reshape.3 = f32[1,1]{1,0} reshape(f32[] %broadcast.2)",
+        "  %broadcast.4 = f32[1,1]{1,0} broadcast(f32[1,1]{1,0} %reshape.3), dimensions={0,1}",
+        "  %reshape.5 = f32[] reshape(f32[1,1]{1,0} %broadcast.4)",
+        "  %broadcast.6 = f32[4,4]{1,0} broadcast(f32[] %reshape.5), dimensions={}",
+        "  %custom-call.7 = f32[4,4]{1,0} custom-call(f32[4,4]{1,0} %broadcast.6), "
+        'custom_call_target="Sharding", sharding={devices=[1,4]0,1,2,3}',
+        "  ROOT %tuple.8 = (f32[4,4]{1,0}) tuple(f32[4,4]{1,0} %custom-call.7)",
+        "}",
+    )
+
+
+def test_max_over_a_dim(xla_target):
+    import torch_xla  # noqa: F401  (registers the xla device)
+
+    x = torch.randn(4, 6).to("xla")
+    values, indices = torch.max(x * 2, 0)
+    # One IR node for both outputs: both reduces are in the module whichever is asked for,
+    # and the index reducer's ids start 12 after the iota.
+    assert _hlo([indices, values]) == _text(
+        "HloModule IrToHlo.43, entry_computation_layout={(f32[], f32[4,6]{1,0})->(s64[6]{0}, "
+        "f32[6]{0})}",
+        "",
+        "%MaxComputation.7 (x.8: f32[], y.9: f32[]) -> f32[] {",
+        "  %x.8 = f32[] parameter(0)",
+        "  %y.9 = f32[] parameter(1)",
+        "  ROOT %maximum.10 = f32[] maximum(f32[] %x.8, f32[] %y.9)",
+        "}",
+        "",
+        "%minmax_func.27 (lhs_value.28: f32[], lhs_index.29: s32[], rhs_value.30: f32[], "
+        "rhs_index.31: s32[]) -> (f32[], s32[]) {",
+        "  %lhs_value.28 = f32[] parameter(0)",
+        "  %rhs_value.30 = f32[] parameter(2)",
+        "  %compare.32 = pred[] compare(f32[] %lhs_value.28, f32[] %rhs_value.30), direction=GE",
+        "  %select.33 = f32[] select(pred[] %compare.32, f32[] %lhs_value.28, f32[] %rhs_value.30)",
+        "  %compare.35 = pred[] compare(f32[] %lhs_value.28, f32[] %rhs_value.30), direction=EQ",
+        "  %lhs_index.29 = s32[] parameter(1)",
+        "  %rhs_index.31 = s32[] parameter(3)",
+        "  %minimum.36 = s32[] minimum(s32[] %lhs_index.29, s32[] %rhs_index.31)",
+        "  %select.34 = s32[] select(pred[] %compare.32, s32[] %lhs_index.29, s32[] %rhs_index.31)",
+        "  %select.37 = s32[] select(pred[] %compare.35, s32[] %minimum.36, s32[] %select.34)",
+        "  ROOT %tuple.38 = (f32[], s32[]) tuple(f32[] %select.33, s32[] %select.37)",
+        "}",
+        "",
+        "ENTRY %IrToHlo.43 (p0.1: f32[], p1.2: f32[4,6]) -> (s64[6], f32[6]) {",
+        "  %constant.6 = s32[] constant(4)",
+        "  %p1.2 = f32[4,6]{1,0} parameter(1)",
+        "  %p0.1 = f32[] parameter(0)",
+        "  %broadcast.3 = f32[4,6]{1,0} broadcast(f32[] %p0.1), dimensions={}",
+        "  %multiply.4 = f32[4,6]{1,0} multiply(f32[4,6]{1,0} %p1.2, f32[4,6]{1,0} %broadcast.3)",
+        "  %iota.14 = s32[4,6]{1,0} iota(), iota_dimension=0",
+        "  %constant.12 = f32[] constant(-inf)",
+        "  %constant.13 = s32[] constant(0)",
+        "  %reduce.39 = (f32[6]{0}, s32[6]{0}) reduce(f32[4,6]{1,0} %multiply.4, "
+        "s32[4,6]{1,0} %iota.14, f32[] %constant.12, s32[] %constant.13), dimensions={0}, "
+        "to_apply=%minmax_func.27",
+        "  %get-tuple-element.40 = s32[6]{0} get-tuple-element((f32[6]{0}, s32[6]{0}) "
+        "%reduce.39), index=1",
+        "  %convert.41 = s64[6]{0} convert(s32[6]{0} %get-tuple-element.40)",
+        "  %constant.5 = f32[] constant(-3.40282347e+38)",
+        "  %reduce.11 = f32[6]{0} reduce(f32[4,6]{1,0} %multiply.4, f32[] %constant.5), "
+        "dimensions={0}, to_apply=%MaxComputation.7",
+        "  ROOT %tuple.42 = (s64[6]{0}, f32[6]{0}) tuple(s64[6]{0} %convert.41, f32[6]{0} "
+        "%reduce.11)",
+        "}",
+    )
+
+
+def test_linear_layer_and_optimization_barrier(xla_target):
+    import torch_xla.core.xla_model as xm
+
+    torch.manual_seed(0)
+    a = torch.randn(2, 3).to("xla")
+    b = torch.randn(3).to("xla")
+    x = a.t() * 2
+    y = b.sum(0, keepdim=True).view(1)
+    z = a.view(2, 3)  # the same sizes: no reshape
+    xm.optimization_barrier_([x, y, z])
+    # One tuple through the barrier; each tensor's value is its element of the result.
+    assert _hlo([x, z]) == _text(
+        "HloModule IrToHlo.21, entry_computation_layout={(f32[2,3]{1,0}, f32[3]{0}, "
+        "f32[])->(f32[3,2]{1,0}, f32[2,3]{1,0})}",
+        "",
+        "%AddComputation.5 (x.6: f32[], y.7: f32[]) -> f32[] {",
+        "  %x.6 = f32[] parameter(0)",
+        "  %y.7 = f32[] parameter(1)",
+        "  ROOT %add.8 = f32[] add(f32[] %x.6, f32[] %y.7)",
+        "}",
+        "",
+        "ENTRY %IrToHlo.21 (p0.1: f32[2,3], p1.2: f32[3], p2.11: f32[]) -> (f32[3,2], f32[2,3]) {",
+        "  %constant.4 = s32[] constant(3)",
+        "  %p0.1 = f32[2,3]{1,0} parameter(0)",
+        "  %transpose.12 = f32[3,2]{0,1} transpose(f32[2,3]{1,0} %p0.1), dimensions={1,0}",
+        "  %p2.11 = f32[] parameter(2)",
+        "  %broadcast.13 = f32[3,2]{1,0} broadcast(f32[] %p2.11), dimensions={}",
+        "  %multiply.14 = f32[3,2]{1,0} multiply(f32[3,2]{0,1} %transpose.12, f32[3,2]{1,0} "
+        "%broadcast.13)",
+        "  %p1.2 = f32[3]{0} parameter(1)",
+        "  %constant.3 = f32[] constant(0)",
+        "  %reduce.9 = f32[] reduce(f32[3]{0} %p1.2, f32[] %constant.3), dimensions={0}, "
+        "to_apply=%AddComputation.5",
+        "  %reshape.10 = f32[1]{0} reshape(f32[] %reduce.9)",
+        "  %tuple.15 = (f32[3,2]{1,0}, f32[1]{0}, f32[2,3]{1,0}) tuple(f32[3,2]{1,0} "
+        "%multiply.14, f32[1]{0} %reshape.10, f32[2,3]{1,0} %p0.1)",
+        "  %opt-barrier.16 = (f32[3,2]{1,0}, f32[1]{0}, f32[2,3]{1,0}) "
+        "opt-barrier((f32[3,2]{1,0}, f32[1]{0}, f32[2,3]{1,0}) %tuple.15)",
+        "  %get-tuple-element.18 = f32[1]{0} get-tuple-element((f32[3,2]{1,0}, f32[1]{0}, "
+        "f32[2,3]{1,0}) %opt-barrier.16), index=1",
+        "  %get-tuple-element.17 = f32[3,2]{1,0} get-tuple-element((f32[3,2]{1,0}, "
+        "f32[1]{0}, f32[2,3]{1,0}) %opt-barrier.16), index=0",
+        "  %get-tuple-element.19 = f32[2,3]{1,0} get-tuple-element((f32[3,2]{1,0}, "
+        "f32[1]{0}, f32[2,3]{1,0}) %opt-barrier.16), index=2",
+        "  ROOT %tuple.20 = (f32[3,2]{1,0}, f32[2,3]{1,0}) tuple(f32[3,2]{1,0} "
+        "%get-tuple-element.17, f32[2,3]{1,0} %get-tuple-element.19)",
+        "}",
+    )
+    linear = torch.nn.Linear(3, 5).to("xla")
+    # addmm: the dot, then the bias expanded to the output's shape and added.
+    assert _hlo([linear(a)]) == _text(
+        "HloModule IrToHlo.12, entry_computation_layout={(f32[5]{0}, f32[5,3]{1,0}, "
+        "f32[2,3]{1,0})->(f32[2,5]{1,0})}",
+        "",
+        "ENTRY %IrToHlo.12 (p0.1: f32[5], p1.2: f32[5,3], p2.4: f32[2,3]) -> (f32[2,5]) {",
+        "  %p2.4 = f32[2,3]{1,0} parameter(2)",
+        "  %p1.2 = f32[5,3]{1,0} parameter(1)",
+        "  %transpose.3 = f32[3,5]{0,1} transpose(f32[5,3]{1,0} %p1.2), dimensions={1,0}",
+        "  %dot.5 = f32[2,5]{1,0} dot(f32[2,3]{1,0} %p2.4, f32[3,5]{0,1} %transpose.3), "
+        "lhs_contracting_dims={1}, rhs_contracting_dims={0}",
+        "  %p0.1 = f32[5]{0} parameter(0)",
+        "  %reshape.6 = f32[1,5]{1,0} reshape(f32[5]{0} %p0.1)",
+        "  %broadcast.7 = f32[1,5]{1,0} broadcast(f32[1,5]{1,0} %reshape.6), dimensions={0,1}",
+        "  %reshape.8 = f32[5]{0} reshape(f32[1,5]{1,0} %broadcast.7)",
+        "  %broadcast.9 = f32[2,5]{1,0} broadcast(f32[5]{0} %reshape.8), dimensions={1}",
+        "  %add.10 = f32[2,5]{1,0} add(f32[2,5]{1,0} %dot.5, f32[2,5]{1,0} %broadcast.9)",
+        "  ROOT %tuple.11 = (f32[2,5]{1,0}) tuple(f32[2,5]{1,0} %add.10)",
+        "}",
+    )

@@ -1,6 +1,6 @@
-"""``_get_xla_tensors_hlo`` refuses the HLO of pending ops: their instructions come from
-torch_xla's per-op lowering, which the simulator does not reproduce (the device-data graphs
-it does write are checked against real torch_xla in ``conformance/test_hlo_text.py``)."""
+"""``_get_xla_tensors_hlo`` writes pending graphs only for the ops whose lowering it
+reproduces; any other op raises NotImplementedError naming it instead of inventing text (the
+texts it writes are checked against real torch_xla in ``conformance/test_hlo_text.py``)."""
 
 from __future__ import annotations
 
@@ -8,19 +8,34 @@ import pytest
 import torch
 
 
-def test_pending_ops_are_not_written(xlasim_sim):
+def test_an_op_without_a_reproduced_lowering_is_named(xlasim_sim):
     import torch_xla
 
     x = torch.ones(2, 2).to("xla")
-    y = x + 1
-    with pytest.raises(NotImplementedError, match=r"HLO text of pending ops .*aten\.add"):
+    y = x.exp() + 1
+    with pytest.raises(NotImplementedError, match=r"HLO text of pending ops like aten\.exp"):
         torch_xla._XLAC._get_xla_tensors_hlo([x, y])
+    values, _ = torch.min(x, 1)
+    with pytest.raises(NotImplementedError, match=r"aten\.min\.dim"):
+        torch_xla._XLAC._get_xla_tensors_hlo([values])
     torch_xla.sync()
     assert torch_xla._XLAC._get_xla_tensors_hlo([y]) == ""  # executed: plain data
 
 
+def test_other_dtypes_and_layouts_are_refused(xlasim_sim):
+    import torch_xla
+
+    h = torch.ones(2, 2, dtype=torch.bfloat16).to("xla")
+    with pytest.raises(NotImplementedError, match=r"aten\.mul\.Tensor on bf16"):
+        torch_xla._XLAC._get_xla_tensors_hlo([h * h])
+    x = torch.ones(2, 3).to("xla")
+    # Broadcasting ranks other than a scalar's is not reproduced.
+    with pytest.raises(NotImplementedError, match=r"add broadcasting f32\[2,3\] with f32\[3\]"):
+        torch_xla._XLAC._get_xla_tensors_hlo([x + torch.ones(3).to("xla")])
+
+
 @pytest.mark.topology("2x2x1", accelerator="v4")
-def test_custom_annotated_data_is_not_written_as_a_parameter(xlasim_sim):
+def test_custom_annotated_data_keeps_no_debug_text(xlasim_sim):
     import numpy as np
     import torch_xla
     import torch_xla.distributed.spmd as xs
@@ -30,10 +45,11 @@ def test_custom_annotated_data_is_not_written_as_a_parameter(xlasim_sim):
     mesh = xs.Mesh(np.arange(4), (1, 4))
     x = torch.ones(4, 4).to("xla")
     xs.mark_sharding(x, mesh, (0, 1))
-    # torch_xla lowers it as the parameter under a custom-call Sharding: not a parameter with
-    # the new sharding, which is all the simulator could write.
     xs.annotate_custom_sharding(x, mesh, (1, 0))
-    with pytest.raises(NotImplementedError, match="annotate_custom_sharding"):
+    # Its HLO (the parameter under a custom-call Sharding) is written; the IR node's debug
+    # text is not reproduced.
+    assert 'custom_call_target="Sharding", sharding={devices=[4,1]0,1,2,3}' in (
         torch_xla._XLAC._get_xla_tensors_hlo([x])
-    with pytest.raises(NotImplementedError, match="annotate_custom_sharding"):
+    )
+    with pytest.raises(NotImplementedError, match="pending op"):
         torch_xla._XLAC._get_xla_tensor_debug_info(x)

@@ -111,10 +111,10 @@ def test_memoised_walk_agrees_with_the_naive_definition(data):
         arity = 1 if op is aten.relu.default else 2
         # Inputs drawn from everything made so far: shared values and skip connections.
         inputs = tuple(data.draw(st.sampled_from(values)) for _ in range(arity))
-        node = Node(0, op, inputs, None, (4, 4))
+        node = Node(0, op, inputs, shape=(4, 4))
         spec = data.draw(st.sampled_from(["", TILED, OTHER_TILED]))
         if spec:  # an intermediate value the program annotated
-            node = node.annotated(TensorSharding(parse_spec(spec), (4, 4)))
+            node.sharding = TensorSharding(parse_spec(spec), (4, 4))
         values.append(node)
     walk = Propagation()
     for v in reversed(values):

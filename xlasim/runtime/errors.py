@@ -37,6 +37,11 @@ _BROADCAST = re.compile(
 )
 
 
+def xla_type(dtype: torch.dtype) -> str:
+    """XLA's name of ``dtype`` (``f32``, ``bf16``...)."""
+    return _XLA_TYPES.get(dtype, str(dtype))
+
+
 def xla_shape(t: torch.Tensor) -> str:
     return f"{_XLA_TYPES.get(t.dtype, str(t.dtype))}[{','.join(map(str, t.shape))}]"
 

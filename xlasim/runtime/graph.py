@@ -49,11 +49,14 @@ class Node:
 
     ``call`` is set only while ops are recorded for a compiler (``RECORD_CALLS``): the op's
     arguments with each tensor replaced by an :class:`InputRef`, and which output this is.
-    ``sharding`` is the TensorSharding the program annotated the value with (mark_sharding of
-    a pending tensor), which its consumers see and its hash covers.
+    ``args`` keeps what the HLO text needs and the hash drops (a Python float's value): for an
+    aten op its non-tensor positional arguments and its keyword arguments, for torch_xla's
+    custom-sharding nodes a :class:`CustomCall`; None when not recorded. ``shape`` is the
+    value's shape; ``sharding`` the TensorSharding the program annotated it with (a
+    custom-sharding node of mark_sharding), which consumers see in propagation.
     """
 
-    __slots__ = ("hash", "op", "inputs", "call", "shape", "sharding")
+    __slots__ = ("hash", "op", "inputs", "call", "args", "shape", "sharding")
 
     def __init__(
         self,
@@ -61,27 +64,34 @@ class Node:
         op: Any,
         inputs: tuple[Any, ...],
         call: RecordedCall | None = None,
+        args: Any = None,
         shape: tuple[int, ...] | None = None,
     ) -> None:
         self.hash = hash_
         self.op = op
         self.inputs = inputs
         self.call = call
+        self.args = args
         self.shape = shape
         self.sharding: Any = None
 
-    def annotated(self, sharding: Any) -> Node:
-        """This value with a sharding annotation: torch_xla sets it on the IR node, which
-        then lowers with a ``Sharding`` custom-call, so the graph (and its hash) changes."""
-        node = Node(
-            hash((self.hash, stable_id(sharding.op.to_string()))),
-            self.op,
-            self.inputs,
-            self.call,
-            self.shape,
-        )
-        node.sharding = sharding
-        return node
+
+class CustomCall:
+    """torch_xla's ``CustomSharding`` IR node: an HLO custom-call to ``target`` whose output
+    (of ``shape``) carries sharding ``spec``: its text, or the ``TensorSharding`` whose text it
+    is (asked for only when the HLO text is written: an underived sharding has none); None
+    once ``clear_sharding`` removed it from the node."""
+
+    __slots__ = ("target", "spec", "shape")
+
+    def __init__(self, target: str, spec: str | TensorSharding | None, shape: tuple[int, ...]):
+        self.target = target
+        self.spec = spec
+        self.shape = shape
+
+    def spec_text(self) -> str | None:
+        spec = self.spec
+        return spec if spec is None or isinstance(spec, str) else spec.spec_string()
 
 
 # Switched on by the TPU compiler layer: nodes then keep their op's arguments so the graph can

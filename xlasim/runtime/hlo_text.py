@@ -1,67 +1,669 @@
-"""``_get_xla_tensors_hlo`` for the graphs whose HLO the simulator knows exactly.
+"""``_get_xla_tensors_hlo``: the HLO module torch_xla 2.9 lowers the given tensors' IR into.
 
-torch_xla lowers the IR values of the given tensors into one HLO module: tensors it holds as
-plain data (no IR value) are left out, and an empty list of values gives an empty text. A
-tensor held as a ``device_data`` IR value (data just moved to the device, or sharded data
-under SPMD) lowers to one ``parameter`` per distinct buffer, with its sharding under SPMD,
-and the module returns them as a tuple; the instruction ids count up from 1 in that order
-(parameters, tuple, module), as measured on torch_xla 2.9. The HLO of pending ops depends on
-torch_xla's per-op lowering, which the simulator does not reproduce: it raises
-NotImplementedError instead of inventing instructions.
+Measured on torch_xla 2.9, and reproduced here for the ops in ``SUPPORTED``:
+
+- torch_xla walks the IR from each tensor's value in turn, depth first, an op's operands
+  last to first (a stack), and lowers each IR node when its operands are done. Lowering a
+  node creates its HLO instructions; their ids count up from 1 in creation order across the
+  module (sub-computations included), so constants of the IR can get lower ids than
+  parameters. Tensors held as plain data (no IR value) are left out; none left gives "".
+- Device data lowers to one ``parameter`` per buffer, numbered in lowering order, with its
+  sharding under SPMD. A Python scalar operand is an IR value too: 0 and +-1 are
+  ``constant`` instructions (one per use); any other value is ``f32[]`` device data, one
+  parameter per distinct value (torch_xla caches scalar data).
+- ``add``/``sub`` multiply the other operand by ``alpha`` first; a binary op broadcasts a
+  rank-0 operand to the other's shape (``dimensions={}``).
+- An op with several outputs (max over a dim, an optimization barrier) is one IR node: it is
+  lowered whole, whichever outputs are asked for, and what nothing uses stays in the text.
+- The text lists sub-computations first, then the entry computation in HLO post-order:
+  from each instruction no other uses, in id order (dead constants included, then the ROOT
+  tuple), operands before users.
+
+Any other op, dtype or layout raises NotImplementedError naming it instead of inventing text.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from xlasim.runtime.debug_info import holds_data_ir, layout
-from xlasim.runtime.errors import xla_shape
+import torch
+
+from xlasim.runtime import graph as _graph
+from xlasim.runtime.debug_info import holds_data_ir
+from xlasim.runtime.errors import xla_type
+from xlasim.runtime.graph import CustomCall, Node
 from xlasim.runtime.state import SimRuntime
+from xlasim.runtime.tensor import leaf_input
+
+aten = torch.ops.aten
+
+_ADD = {aten.add.Tensor: "add", aten.add_.Tensor: "add"}
+_SUB = {aten.sub.Tensor: "subtract", aten.sub_.Tensor: "subtract"}
+_BINARY = {
+    aten.mul.Tensor: "multiply",
+    aten.mul_.Tensor: "multiply",
+    aten.div.Tensor: "divide",
+    aten.div_.Tensor: "divide",
+}
+_SUM = {aten.sum.default, aten.sum.dim_IntList}
+_TRANSPOSE = {aten.t.default, aten.transpose.int, aten.permute.default}
+_RESHAPE = {aten.view.default, aten._unsafe_view.default, aten.reshape.default}
+_IDENTITY = {aten.clone.default}
+_BARRIER = "xla::optimization_barrier"
+_MULTI_OUTPUT = {aten.max.dim, _BARRIER}
+# Ops whose IR operands are just their tensor inputs.
+_TENSOR_OPERANDS = frozenset(
+    {*_SUM, *_TRANSPOSE, *_RESHAPE, *_IDENTITY, aten.relu.default, aten.mm.default}
+    | {aten.expand.default, *_MULTI_OUTPUT}
+)
+
+SUPPORTED = (
+    "device data and Python scalars, add/sub/rsub (with alpha), mul, div, mm, t, transpose, "
+    "addmm (a Linear layer), permute, view/reshape, expand, sum (all or some dims), max over "
+    "a dim, relu, clone, optimization barriers, "
+    "ones_like of a "
+    "scalar (autograd's seed), and torch_xla's "
+    "custom-sharding nodes (mark_sharding of a pending value, annotate_custom_sharding, "
+    "in-place updates of sharded tensors, _spmd_full_to_shard_shape, "
+    "_spmd_shard_to_full_shape), on float32 tensors"
+)
 
 
-def _hlo_unknown(t: Any) -> NotImplementedError:
+def _unsupported(what: str) -> NotImplementedError:
     return NotImplementedError(
-        f"xlasim does not simulate the HLO text of pending ops (this tensor is the result of "
-        f"{t._node.op}): torch_xla's per-op lowering is not reproduced; only graphs of device "
-        "data are written (torch_xla._XLAC._get_xla_tensors_hlo)"
+        f"xlasim does not simulate the HLO text of pending ops like {what}: torch_xla's "
+        f"lowering of it is not reproduced (written: {SUPPORTED}) "
+        "(torch_xla._XLAC._get_xla_tensors_hlo)"
     )
 
 
+class _Scalar:
+    """A Python scalar operand as an IR value."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+def _special(v: Any) -> bool:
+    return v == 0 or abs(v) == 1
+
+
+def _number(v: Any) -> str:
+    return str(int(v)) if float(v).is_integer() else repr(float(v))
+
+
+class _Instr:
+    __slots__ = ("id", "name", "dtype", "dims", "m2m", "body", "operands", "tuple_shape")
+
+    def __init__(self, id_, name, dtype, dims, m2m, body, operands) -> None:
+        self.id = id_
+        self.name = name
+        self.dtype = dtype
+        self.dims = dims
+        self.m2m = m2m
+        self.body = body
+        self.operands = operands
+        self.tuple_shape: str | None = None
+
+    @property
+    def ref(self) -> str:
+        return f"%{self.name}.{self.id}"
+
+    def bare(self) -> str:
+        return f"{self.dtype}[{','.join(map(str, self.dims))}]"
+
+    def full(self) -> str:
+        if self.tuple_shape is not None:
+            return self.tuple_shape
+        layout = "{" + ",".join(map(str, self.m2m)) + "}" if self.dims else ""
+        return self.bare() + layout
+
+
+def _ints(values: Any) -> str:
+    return ",".join(map(str, values))
+
+
+def _default(rank: int) -> tuple[int, ...]:
+    return tuple(reversed(range(rank)))
+
+
+class _Builder:
+    """Creates instructions with ids in creation order, as XLA's builder does."""
+
+    def __init__(self, rt: SimRuntime) -> None:
+        self.rt = rt
+        self.next_id = 1
+        self.instrs: list[_Instr] = []
+        self.params: list[_Instr] = []
+        self.subcomputations: list[str] = []
+
+    def take_id(self) -> int:
+        self.next_id += 1
+        return self.next_id - 1
+
+    def add(self, name, dtype, dims, body, operands=(), m2m=None, attrs="") -> _Instr:
+        dims = tuple(dims)
+        m2m = _default(len(dims)) if m2m is None else tuple(m2m)
+        instr = _Instr(self.take_id(), name, dtype, dims, m2m, None, list(operands))
+        ops = ", ".join(f"{o.full()} {o.ref}" for o in operands)
+        instr.body = body if body is not None else f"{name}({ops}){attrs}"
+        self.instrs.append(instr)
+        return instr
+
+    def op(self, name, dims, operands, attrs="", m2m=None) -> _Instr:
+        return self.add(name, operands[0].dtype, dims, None, operands, m2m, attrs)
+
+    def parameter(self, dtype: str, dims: tuple[int, ...], spec: str) -> _Instr:
+        index = len(self.params)
+        sharding = f", sharding={spec or '{replicated}'}" if self.rt.spmd else ""
+        p = self.add(f"p{index}", dtype, dims, f"parameter({index}){sharding}")
+        self.params.append(p)
+        return p
+
+    def constant(self, dtype: str, value: Any) -> _Instr:
+        return self.add("constant", dtype, (), f"constant({_number(value)})")
+
+    def broadcast(self, x: _Instr, dims: Any, mapped: Any = ()) -> _Instr:
+        """``x``'s dimensions become ``mapped`` of the result (XLA's InDimBroadcast)."""
+        return self.op("broadcast", dims, [x], ", dimensions={" + _ints(mapped) + "}")
+
+    def reshape(self, x: _Instr, dims: Any) -> _Instr:
+        return self.op("reshape", dims, [x])
+
+    def broadcast_in_dim(self, x: _Instr, dims: tuple[int, ...], mapped: list[int]) -> _Instr:
+        """XLA builder's BroadcastInDim: a broadcast keeping ``x``'s sizes, then, where a
+        size-1 dimension grows, a reshape dropping the growing dims and a second broadcast."""
+        in_dims = list(dims)
+        for i, d in enumerate(mapped):
+            in_dims[d] = x.dims[i]
+        y = self.broadcast(x, in_dims, mapped)
+        if tuple(in_dims) == tuple(dims):
+            return y
+        keep = [i for i, n in enumerate(in_dims) if n == dims[i]]
+        return self.broadcast(self.reshape(y, [in_dims[i] for i in keep]), dims, keep)
+
+    def expand(self, x: _Instr, sizes: tuple[int, ...]) -> _Instr:
+        """torch_xla's expand: a reshape to the output rank (when it differs), then a
+        BroadcastInDim over every dimension."""
+        _default_layout(x, "expand")
+        lead = len(sizes) - len(x.dims)
+        in_sizes = (1,) * lead + x.dims
+        if in_sizes != x.dims:
+            x = self.reshape(x, in_sizes)
+        return self.broadcast_in_dim(x, sizes, list(range(len(sizes))))
+
+    def max_computation(self) -> str:
+        cid, xid, yid, mid = (self.take_id() for _ in range(4))
+        name = f"MaxComputation.{cid}"
+        self.subcomputations.append(
+            f"%{name} (x.{xid}: f32[], y.{yid}: f32[]) -> f32[] {{\n"
+            f"  %x.{xid} = f32[] parameter(0)\n"
+            f"  %y.{yid} = f32[] parameter(1)\n"
+            f"  ROOT %maximum.{mid} = f32[] maximum(f32[] %x.{xid}, f32[] %y.{yid})\n"
+            "}\n"
+        )
+        return name
+
+    def minmax_function(self) -> str:
+        """The (value, index) reducer of max over a dim; torch_xla's builder spends 12 ids on
+        instructions that do not reach the module just before it."""
+        for _ in range(12):
+            self.take_id()
+        c, lv, li, rv, ri, ge, sv, si, eq, mn, sf, tp = (self.take_id() for _ in range(12))
+        name = f"minmax_func.{c}"
+        self.subcomputations.append(
+            f"%{name} (lhs_value.{lv}: f32[], lhs_index.{li}: s32[], rhs_value.{rv}: f32[], "
+            f"rhs_index.{ri}: s32[]) -> (f32[], s32[]) {{\n"
+            f"  %lhs_value.{lv} = f32[] parameter(0)\n"
+            f"  %rhs_value.{rv} = f32[] parameter(2)\n"
+            f"  %compare.{ge} = pred[] compare(f32[] %lhs_value.{lv}, f32[] %rhs_value.{rv}), "
+            "direction=GE\n"
+            f"  %select.{sv} = f32[] select(pred[] %compare.{ge}, f32[] %lhs_value.{lv}, "
+            f"f32[] %rhs_value.{rv})\n"
+            f"  %compare.{eq} = pred[] compare(f32[] %lhs_value.{lv}, f32[] %rhs_value.{rv}), "
+            "direction=EQ\n"
+            f"  %lhs_index.{li} = s32[] parameter(1)\n"
+            f"  %rhs_index.{ri} = s32[] parameter(3)\n"
+            f"  %minimum.{mn} = s32[] minimum(s32[] %lhs_index.{li}, s32[] %rhs_index.{ri})\n"
+            f"  %select.{si} = s32[] select(pred[] %compare.{ge}, s32[] %lhs_index.{li}, "
+            f"s32[] %rhs_index.{ri})\n"
+            f"  %select.{sf} = s32[] select(pred[] %compare.{eq}, s32[] %minimum.{mn}, "
+            f"s32[] %select.{si})\n"
+            f"  ROOT %tuple.{tp} = (f32[], s32[]) tuple(f32[] %select.{sv}, s32[] %select.{sf})\n"
+            "}\n"
+        )
+        return name
+
+    def add_computation(self, dtype: str) -> str:
+        cid, xid, yid, aid = (self.take_id() for _ in range(4))
+        name = f"AddComputation.{cid}"
+        self.subcomputations.append(
+            f"%{name} (x.{xid}: {dtype}[], y.{yid}: {dtype}[]) -> {dtype}[] {{\n"
+            f"  %x.{xid} = {dtype}[] parameter(0)\n"
+            f"  %y.{yid} = {dtype}[] parameter(1)\n"
+            f"  ROOT %add.{aid} = {dtype}[] add({dtype}[] %x.{xid}, {dtype}[] %y.{yid})\n"
+            "}\n"
+        )
+        return name
+
+
+def _default_layout(x: _Instr, what: str) -> None:
+    if x.m2m != _default(len(x.dims)):
+        raise _unsupported(f"{what} of a value with layout {x.full()} (a transpose's result)")
+
+
+def _binary(b: _Builder, name: str, lhs: _Instr, rhs: _Instr) -> _Instr:
+    """XLA's elementwise op: a rank-0 operand is broadcast to the other's shape and the
+    result has the default layout; operands of one shape give the left one's layout."""
+    if lhs.dims == rhs.dims:
+        return b.op(name, lhs.dims, [lhs, rhs], m2m=lhs.m2m)
+    if not rhs.dims:
+        rhs = b.broadcast(rhs, lhs.dims)
+    elif not lhs.dims:
+        lhs = b.broadcast(lhs, rhs.dims)
+    else:
+        raise _unsupported(f"{name} broadcasting {lhs.bare()} with {rhs.bare()}")
+    return b.op(name, lhs.dims, [lhs, rhs])
+
+
+def _node_args(node: Node) -> tuple[list[Any], dict[str, Any]]:
+    if node.args is None or isinstance(node.args, CustomCall):
+        raise _unsupported(f"{node.op} (its arguments were not recorded)")
+    return node.args[0], node.args[1] or {}
+
+
+def _output_index(node: Node) -> int:
+    """Which output of its op ``node`` is (ops with several record it third in ``args``)."""
+    args = node.args
+    return args[2] if type(args) is tuple and len(args) > 2 else 0
+
+
+class _Lowering:
+    def __init__(self, rt: SimRuntime) -> None:
+        self.b = _Builder(rt)
+        self.operands: dict[int, list[Any]] = {}
+        self.values: dict[int, _Instr] = {}
+        self.scalars: dict[float, _Scalar] = {}
+        # The outputs of one multi-output op are one IR node: its first node seen stands for it.
+        self.canonical: dict[int, Node] = {}
+
+    def canon(self, item: Any) -> Any:
+        if isinstance(item, Node) and item.op in _MULTI_OUTPUT and item.args is not None:
+            return self.canonical.setdefault(id(item.args[0]), item)
+        return item
+
+    def value(self, item: Any) -> _Instr:
+        found = self.values[id(self.canon(item))]
+        return found[_output_index(item)] if isinstance(found, list) else found
+
+    def scalar(self, v: Any) -> _Scalar:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise _unsupported(f"a scalar operand {v!r}")
+        if _special(v):
+            return _Scalar(v)  # a constant per use
+        return self.scalars.setdefault(float(v), _Scalar(v))
+
+    def ir_operands(self, item: Any) -> list[Any]:
+        """The IR operands of ``item`` in torch_xla's order (computed once per item)."""
+        key = id(item)
+        found = self.operands.get(key)
+        if found is not None:
+            return found
+        ops: list[Any] = []
+        if isinstance(item, Node):
+            op = item.op
+            if isinstance(item.args, CustomCall) or op in _TENSOR_OPERANDS:
+                ops = list(item.inputs)
+            elif op is aten.addmm.default:  # torch_xla's node takes the bias last
+                ops = [item.inputs[1], item.inputs[2], item.inputs[0]]
+            elif op is aten.ones_like.default:
+                ops = []  # torch_xla makes a constant of the input's shape: no operand
+            elif op in _ADD or op in _SUB or op is aten.rsub.Scalar:
+                consts, kwargs = _node_args(item)
+                other = item.inputs[1] if len(item.inputs) > 1 else self.scalar(consts[0])
+                ops = [item.inputs[0], other, self.scalar(kwargs.get("alpha", 1))]
+            elif op in _BINARY:
+                consts, _ = _node_args(item)
+                other = item.inputs[1] if len(item.inputs) > 1 else self.scalar(consts[0])
+                ops = [item.inputs[0], other]
+            else:
+                raise _unsupported(str(op))
+        self.operands[key] = ops
+        return ops
+
+    def post_order(self, roots: list[Any]) -> list[Any]:
+        """torch_xla's walk: a stack, so an op's last operand is lowered first."""
+        emitted: dict[int, bool] = {}  # False while its operands are being visited
+        order: list[Any] = []
+        for root in roots:
+            stack = [self.canon(root)]
+            while stack:
+                item = stack[-1]
+                state = emitted.get(id(item))
+                if state is None:
+                    emitted[id(item)] = False
+                    for o in self.ir_operands(item):
+                        o = self.canon(o)
+                        if id(o) not in emitted:
+                            stack.append(o)
+                elif state is False:
+                    emitted[id(item)] = True
+                    order.append(item)
+                    stack.pop()
+                else:
+                    stack.pop()
+        return order
+
+    def lower(self, item: Any, dtype: str) -> Any:
+        """The instruction of ``item``'s value (a list of them for a multi-output op)."""
+        b = self.b
+        if isinstance(item, _Scalar):
+            if _special(item.value):
+                return b.constant(dtype, item.value)
+            return b.parameter(dtype, (), "")
+        if isinstance(item, tuple):  # device data: (shape, dtype, sharding text)
+            return b.parameter(xla_type(item[1]), tuple(item[0]), item[2])
+        ins = [self.value(o) for o in self.ir_operands(item)]
+        op, call = item.op, item.args
+        for x in ins:
+            if x.dtype != "f32":
+                raise _unsupported(f"{op} on {x.dtype} tensors")
+        if isinstance(call, CustomCall):
+            x = ins[0]
+            if tuple(call.shape) != x.dims:
+                _default_layout(x, f"custom-call {call.target}")
+            text = call.spec_text()
+            spec = f", sharding={text}" if text is not None else ""
+            return b.op(
+                "custom-call",
+                call.shape,
+                [x],
+                f', custom_call_target="{call.target}"{spec}',
+                m2m=x.m2m if tuple(call.shape) == x.dims else None,
+            )
+        if op is aten.ones_like.default:
+            return self.ones_like(item, dtype)
+        if op is aten.max.dim:
+            return self.max_dim(item, ins[0])
+        if op == _BARRIER:
+            return self.barrier(ins)
+        if op is aten.addmm.default:
+            return self.addmm(item, *ins)
+        if op is aten.rsub.Scalar:  # other - self * alpha
+            scaled = _binary(b, "multiply", ins[0], ins[2])
+            return _binary(b, "subtract", ins[1], scaled)
+        if op in _ADD or op in _SUB:
+            scaled = _binary(b, "multiply", ins[1], ins[2])
+            return _binary(b, "add" if op in _ADD else "subtract", ins[0], scaled)
+        if op in _BINARY:
+            return _binary(b, _BINARY[op], ins[0], ins[1])
+        if op in _IDENTITY:
+            return ins[0]
+        if op is aten.relu.default:
+            x = ins[0]
+            zero = b.constant(x.dtype, 0)
+            return b.op("maximum", x.dims, [x, b.broadcast(zero, x.dims)])
+        if op is aten.mm.default:
+            lhs, rhs = ins
+            return b.op(
+                "dot",
+                (lhs.dims[0], rhs.dims[1]),
+                [lhs, rhs],
+                ", lhs_contracting_dims={1}, rhs_contracting_dims={0}",
+            )
+        consts, kwargs = _node_args(item)
+        x = ins[0]
+        rank = len(x.dims)
+        if op in _TRANSPOSE:
+            perm = _permutation(op, consts, rank)
+            inverse = [0] * rank
+            for i, p in enumerate(perm):
+                inverse[p] = i
+            return b.op(
+                "transpose",
+                tuple(x.dims[p] for p in perm),
+                [x],
+                ", dimensions={" + ",".join(map(str, perm)) + "}",
+                m2m=[inverse[k] for k in x.m2m],
+            )
+        if op in _RESHAPE:
+            dims = _view_shape(consts[0], x.dims)
+            if dims == x.dims:
+                return x  # torch_xla's reshape to the same sizes makes no instruction
+            return b.op("reshape", dims, [x])
+        if op in _SUM:
+            return self.sum(item, x, consts, kwargs)
+        if op is aten.expand.default:
+            sizes = tuple(
+                x.dims[i - len(consts[0]) + rank] if n == -1 else n for i, n in enumerate(consts[0])
+            )
+            if sizes == x.dims or kwargs.get("implicit"):
+                raise _unsupported(f"{op} to the same shape or implicit")
+            return b.expand(x, sizes)
+        raise _unsupported(str(op))
+
+    def ones_like(self, node: Node, dtype: str) -> _Instr:
+        """torch_xla's ``full``: a constant expanded to the shape, measured for a rank-0
+        input (autograd's seed gradient of a scalar loss)."""
+        consts, kwargs = _node_args(node)
+        if set(kwargs) - {"pin_memory", "memory_format"} or consts:
+            raise _unsupported(f"{node.op} with dtype, layout or device arguments")
+        # The input's shape: what lowering it on a builder of its own gives.
+        shape = _Lowering(self.b.rt)
+        source = None
+        for item in shape.post_order([node.inputs[0]]):
+            shape.values[id(item)] = shape.lower(item, "f32")
+        source = shape.value(node.inputs[0])
+        if source.dims:
+            raise _unsupported(f"{node.op} of a tensor of rank {len(source.dims)}")
+        return self.b.expand(self.b.constant(source.dtype, 1), source.dims)
+
+    def barrier(self, ins: list[_Instr]) -> list[_Instr]:
+        """The values as one tuple through an ``opt-barrier``, then taken out again."""
+        b = self.b
+        shape = "(" + ", ".join(x.full() for x in ins) + ")"
+        together = b.add("tuple", "", (), None, ins)
+        together.tuple_shape = shape
+        barrier = b.add("opt-barrier", "", (), None, [together])
+        barrier.tuple_shape = shape
+        return [
+            b.add(
+                "get-tuple-element",
+                x.dtype,
+                x.dims,
+                f"get-tuple-element({shape} {barrier.ref}), index={i}",
+                [barrier],
+                m2m=x.m2m,
+            )
+            for i, x in enumerate(ins)
+        ]
+
+    def addmm(self, node: Node, mat1: _Instr, mat2: _Instr, bias: _Instr) -> _Instr:
+        """A dot, then the bias expanded to its shape and added (beta and alpha 1)."""
+        consts, kwargs = _node_args(node)
+        if consts or kwargs.get("beta", 1) != 1 or kwargs.get("alpha", 1) != 1:
+            raise _unsupported(f"{node.op} with beta or alpha other than 1")
+        if len(bias.dims) != 1:
+            raise _unsupported(f"{node.op} with a bias of rank {len(bias.dims)}")
+        b = self.b
+        out = (mat1.dims[0], mat2.dims[1])
+        dot = b.op("dot", out, [mat1, mat2], ", lhs_contracting_dims={1}, rhs_contracting_dims={0}")
+        return _binary(b, "add", dot, b.expand(bias, out))
+
+    def max_dim(self, node: Node, x: _Instr) -> list[_Instr]:
+        """torch_xla's max over a dim: a max reduce for the values, then a reduce of
+        (value, iota) pairs keeping the first index of the maximum, converted to s64."""
+        b = self.b
+        consts, kwargs = _node_args(node)
+        _default_layout(x, str(node.op))
+        rank = len(x.dims)
+        keepdim = bool(consts[1]) if len(consts) > 1 else bool(kwargs.get("keepdim", False))
+        if not rank:
+            raise _unsupported(f"{node.op} of a rank-0 tensor")
+        d = consts[0] % rank
+        out = tuple(n for i, n in enumerate(x.dims) if i != d)
+        kept = tuple(1 if i == d else n for i, n in enumerate(x.dims))
+        lowest = b.add("constant", "f32", (), "constant(-3.40282347e+38)")
+        b.constant("s32", x.dims[d])  # torch_xla makes it; nothing uses it
+        to_apply = b.max_computation()
+        values = b.op("reduce", out, [x, lowest], f", dimensions={{{d}}}, to_apply=%{to_apply}")
+        if keepdim:
+            values = b.reshape(values, kept)
+        minus_inf = b.add("constant", "f32", (), "constant(-inf)")
+        zero = b.constant("s32", 0)
+        iota = b.add("iota", "s32", x.dims, f"iota(), iota_dimension={d}")
+        pair_fn = b.minmax_function()
+        pair = b.add(
+            "reduce",
+            "",
+            (),
+            None,
+            [x, iota, minus_inf, zero],
+            attrs=f", dimensions={{{d}}}, to_apply=%{pair_fn}",
+        )
+        layout = "{" + _ints(_default(len(out))) + "}" if out else ""
+        shape = f"[{_ints(out)}]{layout}"
+        pair.tuple_shape = f"(f32{shape}, s32{shape})"
+        index = b.add(
+            "get-tuple-element",
+            "s32",
+            out,
+            f"get-tuple-element({pair.tuple_shape} {pair.ref}), index=1",
+            [pair],
+        )
+        indices = b.op("convert", out, [index])
+        indices.dtype = "s64"
+        if keepdim:
+            indices = b.reshape(indices, kept)
+        return [values, indices]
+
+    def sum(self, node: Node, x: _Instr, consts: list[Any], kwargs: dict[str, Any]) -> _Instr:
+        b = self.b
+        rank = len(x.dims)
+        if node.op is aten.sum.default:
+            dims = list(range(rank))
+            keepdim, dtype = False, kwargs.get("dtype")
+        else:
+            given = consts[0] if consts else kwargs.get("dim")
+            keepdim = bool(consts[1]) if len(consts) > 1 else bool(kwargs.get("keepdim", False))
+            dtype = kwargs.get("dtype")
+            if not given:
+                raise _unsupported(f"{node.op} over an empty or unnamed dim list")
+            dims = sorted({d % rank for d in given})
+        if dtype is not None or not rank:
+            raise _unsupported(f"{node.op} with a dtype or of a rank-0 tensor")
+        init = b.constant(x.dtype, 0)
+        count = 1
+        for d in dims:
+            count *= x.dims[d]
+        b.constant("s32", count)  # torch_xla makes it; nothing uses it
+        to_apply = b.add_computation(x.dtype)
+        out = tuple(n for i, n in enumerate(x.dims) if i not in dims)
+        reduced = b.op(
+            "reduce",
+            out,
+            [x, init],
+            ", dimensions={" + ",".join(map(str, dims)) + "}, to_apply=%" + to_apply,
+        )
+        if keepdim:
+            return b.reshape(reduced, tuple(1 if i in dims else n for i, n in enumerate(x.dims)))
+        return reduced
+
+
+def _permutation(op: Any, consts: list[Any], rank: int) -> list[int]:
+    if op is aten.t.default:
+        if rank != 2:
+            raise _unsupported(f"{op} of a rank-{rank} tensor")
+        return [1, 0]
+    if op is aten.transpose.int:
+        d0, d1 = consts[0] % rank, consts[1] % rank
+        perm = list(range(rank))
+        perm[d0], perm[d1] = perm[d1], perm[d0]
+    else:
+        perm = [d % rank for d in consts[0]]
+    if perm == list(range(rank)):
+        raise _unsupported(f"{op} that keeps the dimension order")
+    return perm
+
+
+def _view_shape(sizes: Any, dims: tuple[int, ...]) -> tuple[int, ...]:
+    numel = 1
+    for n in dims:
+        numel *= n
+    sizes = list(sizes)
+    if -1 in sizes:
+        known = 1
+        for n in sizes:
+            if n != -1:
+                known *= n
+        sizes[sizes.index(-1)] = numel // known if known else 0
+    return tuple(sizes)
+
+
+def _post_order_text(instrs: list[_Instr]) -> list[_Instr]:
+    """XLA's post order: from each unused instruction in id order, operands first."""
+    used = {id(o) for i in instrs for o in i.operands}
+    seen: set[int] = set()
+    out: list[_Instr] = []
+    for start in instrs:
+        if id(start) in used or id(start) in seen:
+            continue
+        stack: list[tuple[_Instr, int]] = [(start, 0)]
+        seen.add(id(start))
+        while stack:
+            instr, k = stack.pop()
+            if k < len(instr.operands):
+                stack.append((instr, k + 1))
+                o = instr.operands[k]
+                if id(o) not in seen:
+                    seen.add(id(o))
+                    stack.append((o, 0))
+            else:
+                out.append(instr)
+    return out
+
+
 def tensors_hlo(rt: SimRuntime, tensors: list[Any]) -> str:
-    params: list[Any] = []
-    slot: dict[int, int] = {}
-    outputs: list[int] = []
+    roots: list[Any] = []
+    by_buffer: dict[int, Any] = {}
     for t in tensors:
         if t._node is not None:
-            raise _hlo_unknown(t)
+            if _graph.RECORD_CALLS:
+                raise _unsupported("graphs recorded for the TPU compiler (compiler='libtpu')")
+            roots.append(t._node)
+            continue
         if not holds_data_ir(rt, t):
             continue
         # Aliases of one buffer are one parameter.
         key = id(t._buf) if t._buf is not None else id(t)
-        if key not in slot:
-            slot[key] = len(params)
-            params.append(t)
-        outputs.append(slot[key])
-    if not outputs:
+        roots.append(by_buffer.setdefault(key, leaf_input(t)))
+    if not roots:
         return ""
-    n = len(params)
-    module = f"IrToHlo.{n + 2}"
-    full = [f"{xla_shape(t)}{layout(t)}" for t in params]
-    bare = [xla_shape(t) for t in params]
-    out_full = ", ".join(full[i] for i in outputs)
+    low = _Lowering(rt)
+    for item in low.post_order(roots):
+        low.values[id(item)] = low.lower(item, "f32")  # the scalars of float32 ops
+    outs = [low.value(r) for r in roots]
+    b = low.b
+    tuple_shape = "(" + ", ".join(o.full() for o in outs) + ")"
+    ops = ", ".join(f"{o.full()} {o.ref}" for o in outs)
+    root = _Instr(b.take_id(), "tuple", "", (), (), f"tuple({ops})", outs)
+    b.instrs.append(root)
+    module = f"IrToHlo.{b.take_id()}"
+    params = b.params
     lines = [
-        f"HloModule {module}, entry_computation_layout={{({', '.join(full)})->({out_full})}}",
+        f"HloModule {module}, entry_computation_layout="
+        f"{{({', '.join(p.full() for p in params)})->{tuple_shape}}}",
         "",
-        f"ENTRY %{module} ({', '.join(f'p{i}.{i + 1}: {bare[i]}' for i in range(n))}) -> "
-        f"({', '.join(bare[i] for i in outputs)}) {{",
+        *b.subcomputations,
+        f"ENTRY %{module} ({', '.join(f'{p.name}.{p.id}: {p.bare()}' for p in params)}) -> "
+        f"({', '.join(o.bare() for o in outs)}) {{",
     ]
-    for i, t in enumerate(params):
-        sharding = ""
-        if rt.spmd:  # data uploaded without an annotation is replicated
-            spec = t._sharding.spec_string() if t._sharding is not None else "{replicated}"
-            sharding = f", sharding={spec}"
-        lines.append(f"  %p{i}.{i + 1} = {full[i]} parameter({i}){sharding}")
-    operands = ", ".join(f"{full[i]} %p{i}.{i + 1}" for i in outputs)
-    lines.append(f"  ROOT %tuple.{n + 1} = ({out_full}) tuple({operands})")
+    for instr in _post_order_text(b.instrs):
+        if instr is root:
+            lines.append(f"  ROOT {root.ref} = {tuple_shape} {root.body}")
+        else:
+            lines.append(f"  {instr.ref} = {instr.full()} {instr.body}")
     lines.append("}")
     return "\n".join(lines) + "\n\n"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from xlasim.runtime.graph import stable_id
+from xlasim.runtime.graph import CustomCall, stable_id
 from xlasim.runtime.shards import global_value, place_shards
 from xlasim.runtime.state import SimRuntime
 from xlasim.runtime.tensor import XlaSimTensor, derived, make_manual
@@ -37,7 +37,13 @@ def full_to_shard(rt: SimRuntime, x: XlaSimTensor, sharding: TensorSharding) -> 
         padded_shard(value, indices, padded)
         for _replica, indices in replica_and_indices(sharding.op, tuple(x.shape), devices)
     ]
-    out = derived(x, pieces[0], "xla::spmd_full_to_shard_shape", stable_id(sharding.op.to_string()))
+    out = derived(
+        x,
+        pieces[0],
+        "xla::spmd_full_to_shard_shape",
+        stable_id(sharding.op.to_string()),
+        CustomCall("SPMDFullToShardShape", "{manual}", tuple(pieces[0].shape)),
+    )
     return make_manual(out, pieces)
 
 
@@ -68,4 +74,5 @@ def shard_to_full(
     full = torch.zeros(shape, dtype=dtype)
     place_shards(full, spec, [v.to(dtype) for v in values], devices)
     key = hash((stable_id(sharding.to_string()), tuple(shape)))
-    return derived(x, full, "xla::spmd_shard_to_full_shape", key), spec
+    call = CustomCall("SPMDShardToFullShape", spec.spec_string(), tuple(shape))
+    return derived(x, full, "xla::spmd_shard_to_full_shape", key, call), spec

@@ -7,10 +7,12 @@ accounting follows what real torch_xla would do with the same program.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import time
 import weakref
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -20,7 +22,7 @@ from xlasim.runtime import errors as _errors
 from xlasim.runtime import graph as _graph
 from xlasim.runtime import state as _runtime
 from xlasim.runtime.device import FactoryKernels, set_wrapper_meta
-from xlasim.runtime.graph import CompileError, InputRef, Node, RecordedCall, stable_id
+from xlasim.runtime.graph import CompileError, CustomCall, InputRef, Node, RecordedCall, stable_id
 from xlasim.runtime.kernel_inputs import check_cpu_inputs, rules_for
 from xlasim.runtime.lowerings import fallback_name
 from xlasim.sharding.op_sharding import OpSharding, ProtoType
@@ -440,12 +442,16 @@ def _run(info: _OpInfo, args: Any, kwargs: Any) -> Any:
     inputs: list[Any] = []
     wrappers: list[XlaSimTensor] = []
     cargs = []
+    consts = []  # the other arguments, kept for the HLO text (a list of tensors as None)
     for a in args:
         if type(a) is XlaSimTensor:
             _take(a, parts, inputs, wrappers, runtime)
             cargs.append(a._elem)
         else:
-            cargs.append(_unwrap_other(a, parts, inputs, wrappers, runtime))
+            c = _unwrap_other(a, parts, inputs, wrappers, runtime)
+            cargs.append(c)
+            consts.append(a if c is a else None)
+    facts = (consts, kwargs)
     if kwargs:
         kwargs = {k: _unwrap_other(v, parts, inputs, wrappers, runtime) for k, v in kwargs.items()}
         if info.generator and kwargs.get("generator") is None:
@@ -470,10 +476,15 @@ def _run(info: _OpInfo, args: Any, kwargs: Any) -> Any:
     if type(out) is torch.Tensor:
         for w in wrappers:  # in-place / out= ops hand back their input
             if w._elem is out:
-                return _update(w, out, 0, info.op, base, node_inputs, pending)
+                return _update(w, out, 0, info.op, base, node_inputs, pending, facts)
         shape = out.shape
         node = Node(
-            hash((base, 0, shape, _DTYPE_KEYS[out.dtype])), info.op, node_inputs, None, shape
+            hash((base, 0, shape, _DTYPE_KEYS[out.dtype])),
+            info.op,
+            node_inputs,
+            None,
+            facts,
+            shape,
         )
         t = _new(out, device, node, runtime)
         pending.append(weakref.ref(t))
@@ -482,7 +493,16 @@ def _run(info: _OpInfo, args: Any, kwargs: Any) -> Any:
         elems = {id(w._elem): w for w in wrappers}
         return type(out)(
             _wrap_output(
-                o, i, info.op, base, node_inputs, device, elems.get(id(o)), pending, runtime
+                o,
+                i,
+                info.op,
+                base,
+                node_inputs,
+                device,
+                elems.get(id(o)),
+                pending,
+                runtime,
+                (consts, facts[1], i),  # one IR node: the outputs share ``consts``
             )
             if isinstance(o, torch.Tensor)
             else o
@@ -605,7 +625,9 @@ class _StableIds(dict):
 _DTYPE_KEYS = _StableIds()
 
 
-def _update(w: XlaSimTensor, o: torch.Tensor, index, func, base, inputs, pending) -> XlaSimTensor:
+def _update(
+    w: XlaSimTensor, o: torch.Tensor, index, func, base, inputs, pending, facts=None
+) -> XlaSimTensor:
     """An in-place / out= result: the input tensor gets the new pending node."""
     if w.shape != o.shape or w.stride() != o.stride():
         set_wrapper_meta(w, o)
@@ -613,16 +635,110 @@ def _update(w: XlaSimTensor, o: torch.Tensor, index, func, base, inputs, pending
     if w._node is None:
         w._aliased = True
     shape = o.shape
-    w._node = Node(hash((base, index, shape, _DTYPE_KEYS[o.dtype])), func, inputs, None, shape)
+    w._node = Node(
+        hash((base, index, shape, _DTYPE_KEYS[o.dtype])), func, inputs, None, facts, shape
+    )
+    # torch_xla's functionalization keeps an in-place result on its tensor's sharding with a
+    # custom-sharding node over it; not in eager mode, and not for an op XLAShardedTensor
+    # re-dispatches (under no_dispatch, which skips that step).
+    if w._sharding is not None and not _no_functionalization and not w._rt.graphs.use_eager_mode:
+        add_custom_sharding(w, "Sharding", w._sharding, tuple(o.shape))
     pending.append(weakref.ref(w))
     return w
 
 
-def _wrap_output(o, index, func, base, inputs, device, existing, pending, rt):
+def add_custom_sharding(t: XlaSimTensor, target: str, spec: Any, shape: tuple[int, ...]) -> None:
+    """Puts torch_xla's ``CustomSharding`` IR node over ``t``'s value (pending IR, or the
+    data it holds). While ops are recorded for a compiler, which replays aten ops only, the
+    node is left out (the HLO text then refuses the graph)."""
+    if _graph.RECORD_CALLS:
+        return
+    parts: list[Any] = [_CUSTOM_KEY, stable_id(target)]
+    inputs: list[Any] = []
+    node = t._node
+    if node is None:
+        entry = _leaf_entry(t)
+        inputs.append(entry[1])
+        parts.append(entry[2])
+    else:
+        inputs.append(node)
+        parts.append(node.hash)
+    if isinstance(spec, TensorSharding):
+        parts.append(stable_id(spec.op.to_string()))
+    elif spec is not None:
+        parts.append(stable_id(spec))
+    node = Node(
+        hash((hash(tuple(parts)), 0, shape, _DTYPE_KEYS[t.dtype])),
+        "xla::custom_sharding",
+        tuple(inputs),
+        None,
+        CustomCall(target, spec, shape),
+        shape,
+    )
+    if target == "Sharding" and type(spec) is TensorSharding:
+        # Consumers see the annotation (propagation starts from it); one only XLA could
+        # derive (an UnderivedSharding) tells them nothing.
+        node.sharding = spec
+    t._node = node
+
+
+_CUSTOM_KEY = stable_id("xla::custom_sharding")
+_BARRIER_KEY = stable_id("xla::optimization_barrier")
+
+
+def add_optimization_barrier(tensors: list[XlaSimTensor]) -> None:
+    """``xm.optimization_barrier_``: one IR node over the tensors' values whose outputs
+    become their values (the values are unchanged). While ops are recorded for a compiler,
+    which replays aten ops only, it is left out (the HLO text then refuses the graph)."""
+    if _graph.RECORD_CALLS or not tensors:
+        return
+    rt = owned(tensors[0])
+    parts: list[Any] = [_BARRIER_KEY]
+    inputs: list[Any] = []
+    for t in tensors:
+        _take(t, parts, inputs, [], rt)
+    base = hash(tuple(parts))
+    consts: list[Any] = []  # shared by the outputs: they are one IR node
+    node_inputs = tuple(inputs)
+    for index, t in enumerate(tensors):
+        if t._node is None:
+            t._aliased = True  # data given a new IR value in place, as an in-place op does
+        t._node = Node(
+            hash((base, index, t.shape, _DTYPE_KEYS[t.dtype])),
+            "xla::optimization_barrier",
+            node_inputs,
+            None,
+            (consts, None, index),
+            t.shape,
+        )
+        rt.graphs.pending.append(weakref.ref(t))
+
+
+_no_functionalization = False
+
+
+@contextlib.contextmanager
+def without_functionalization() -> Iterator[None]:
+    """Ops run inside see no functionalization step (as XLAShardedTensor's re-dispatch)."""
+    global _no_functionalization
+    before = _no_functionalization
+    _no_functionalization = True
+    try:
+        yield
+    finally:
+        _no_functionalization = before
+
+
+def leaf_input(t: XlaSimTensor) -> Any:
+    """The value a graph records for device-data tensor ``t`` (one per buffer and sharding)."""
+    return _leaf_entry(t)[1]
+
+
+def _wrap_output(o, index, func, base, inputs, device, existing, pending, rt, facts=None):
     if existing is not None:  # in-place / out= ops hand back their input
-        return _update(existing, o, index, func, base, inputs, pending)
+        return _update(existing, o, index, func, base, inputs, pending, facts)
     shape = o.shape
-    node = Node(hash((base, index, shape, _DTYPE_KEYS[o.dtype])), func, inputs, None, shape)
+    node = Node(hash((base, index, shape, _DTYPE_KEYS[o.dtype])), func, inputs, None, facts, shape)
     t = _new(o, device, node, rt)
     pending.append(weakref.ref(t))
     return t
@@ -739,9 +855,12 @@ def _run_recorded(info: _OpInfo, args: Any, kwargs: Any) -> Any:
     return out
 
 
-def derived(src: XlaSimTensor, value: torch.Tensor, op: str, key: Any = 0) -> XlaSimTensor:
+def derived(
+    src: XlaSimTensor, value: torch.Tensor, op: str, key: Any = 0, args: Any = None
+) -> XlaSimTensor:
     """A pending result of IR op ``op`` (one of torch_xla's own nodes, not an aten op) on
-    ``src``, with ``key`` (ints) covering its other attributes in the graph hash."""
+    ``src``, with ``key`` (ints) covering its other attributes in the graph hash and ``args``
+    what its HLO text needs (``Node.args``)."""
     runtime = owned(src)
     parts: list[Any] = [stable_id(op), key]
     inputs: list[Any] = []
@@ -751,6 +870,7 @@ def derived(src: XlaSimTensor, value: torch.Tensor, op: str, key: Any = 0) -> Xl
         op,
         tuple(inputs),
         None,
+        args,
         value.shape,
     )
     t = _new(value, src._device, node, runtime)
@@ -821,7 +941,7 @@ def wrap_factory(elem: torch.Tensor, device: torch.device | None) -> XlaSimTenso
         "aten::empty",
         (),
         call,
-        elem.shape,
+        shape=elem.shape,
     )
     graphs = runtime.graphs
     graphs.pending.append(weakref.ref(t))

@@ -21,7 +21,7 @@ import torch
 from xlasim.runtime import manual, optimizer_steps, state
 from xlasim.runtime.debug_info import tensor_debug_info
 from xlasim.runtime.errors import expected_xla_tensor
-from xlasim.runtime.graph import CompileError
+from xlasim.runtime.graph import CompileError, CustomCall
 from xlasim.runtime.hlo_text import tensors_hlo
 from xlasim.runtime.memory import reserve, reshard, sent_bytes, settle
 from xlasim.runtime.shards import (
@@ -31,7 +31,16 @@ from xlasim.runtime.shards import (
     place_input,
     place_shards,
 )
-from xlasim.runtime.tensor import XlaSimTensor, ir_hash, mark_uploaded, materialize, wrap_data
+from xlasim.runtime.sysenv import env_flag
+from xlasim.runtime.tensor import (
+    XlaSimTensor,
+    add_custom_sharding,
+    add_optimization_barrier,
+    ir_hash,
+    mark_uploaded,
+    materialize,
+    wrap_data,
+)
 from xlasim.sharding import op_sharding
 from xlasim.sharding.op_sharding import (
     ProtoType,
@@ -369,12 +378,9 @@ def _set_sharding(x: Any, sharding: TensorSharding) -> None:
 def _annotate_custom(x: Any, new: TensorSharding) -> None:
     state.count("XlaAnnotateCustomSharding")
     if not _is_pending_ir(x):
-        # torch_xla puts a custom-sharding IR node over the data, which the simulator does
-        # not record: its debug and HLO text are not known.
+        # Over data the node's debug text is not known (see debug_info).
         x._computed, x._uploaded_at = False, None
-    elif x._node is not None:
-        # The annotation is on the IR value: ops that consume it from now on see it.
-        x._node = x._node.annotated(new)
+    add_custom_sharding(x, "Sharding", new, tuple(x.shape))
     _set_sharding(x, new)
 
 
@@ -399,8 +405,28 @@ def _mark_manual_sharding(t: Any, sharding: OpSharding) -> None:
     _xla_mark_sharding(x, sharding)
 
 
+def _xla_optimization_barrier_(tensors: Sequence[Any]) -> None:
+    """``tensor_methods::optimization_barrier_``: one IR node over the tensors' values."""
+    add_optimization_barrier([xla_tensor(t) for t in tensors])
+
+
+def _xla_get_auto_sharding() -> bool:
+    """``ShardingUtil::GetAutoSharding``: auto-sharding is never on in the simulator, which
+    does not simulate it; ``XLA_AUTO_SPMD`` would switch it on in torch_xla."""
+    if env_flag("XLA_AUTO_SPMD"):
+        raise NotImplementedError(
+            "xlasim does not simulate auto-sharding (XLA_AUTO_SPMD is set: "
+            "torch_xla._XLAC._xla_get_auto_sharding)"
+        )
+    return False
+
+
 def _xla_clear_sharding(t: Any) -> None:
-    xla_tensor(t)._sharding = None
+    x = xla_tensor(t)
+    x._sharding = None
+    if x._node is not None and isinstance(x._node.args, CustomCall):
+        x._node.args.spec = None  # torch_xla clears the sharding of the tensor's IR node too
+        x._node.sharding = None
 
 
 # -- queries ---------------------------------------------------------------------------------

@@ -605,7 +605,9 @@ def get_memory_info(device: torch.device | None = None) -> MemoryInfo:
 
 
 def optimization_barrier_(tensors: list[torch.Tensor]) -> None:
-    """Simulated graphs are never fused across the barrier, so it only needs to exist."""
+    """The barrier is an IR node over the tensors (simulated graphs are never fused across
+    it, so it changes no value)."""
+    torch_xla._XLAC._xla_optimization_barrier_(tensors)
 
 
 def broadcast_master_param(model: torch.nn.Module) -> None:

@@ -23,6 +23,7 @@ from torch.distributed.tensor.placement_types import Partial, Placement, Replica
 from torch.utils._pytree import tree_map_only
 from torch_xla import _XLAC as _xlac
 
+from xlasim.runtime.tensor import without_functionalization
 from xlasim.sharding.op_sharding import ShardingType
 
 
@@ -198,7 +199,9 @@ class XLAShardedTensor(DTensor):
         is not run under ``no_dispatch()``: it must reach their handler.
         """
         args, kwargs = tree_map_only(XLAShardedTensor, _global_of, (args, kwargs or {}))
-        return tree_map_only(torch.Tensor, XLAShardedTensor, func(*args, **kwargs))
+        with without_functionalization():
+            out = func(*args, **kwargs)
+        return tree_map_only(torch.Tensor, XLAShardedTensor, out)
 
     @property
     def _spec(self) -> DTensorSpec:  # type: ignore[override]
