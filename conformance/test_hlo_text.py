@@ -447,3 +447,24 @@ def test_linear_layer_and_optimization_barrier(xla_target):
         "  ROOT %tuple.11 = (f32[2,5]{1,0}) tuple(f32[2,5]{1,0} %add.10)",
         "}",
     )
+
+
+def test_unary_elementwise_ops_keep_their_operand_layout(xla_target):
+    import torch_xla  # noqa: F401  (registers the xla device)
+
+    x = torch.rand(2, 3).to("xla")
+    assert _hlo([x.t().sin().exp(), (-x).sigmoid()]) == _text(
+        "HloModule IrToHlo.8, entry_computation_layout={(f32[2,3]{1,0})->(f32[3,2]{0,1}, "
+        "f32[2,3]{1,0})}",
+        "",
+        "ENTRY %IrToHlo.8 (p0.1: f32[2,3]) -> (f32[3,2], f32[2,3]) {",
+        "  %p0.1 = f32[2,3]{1,0} parameter(0)",
+        "  %transpose.2 = f32[3,2]{0,1} transpose(f32[2,3]{1,0} %p0.1), dimensions={1,0}",
+        "  %sine.3 = f32[3,2]{0,1} sine(f32[3,2]{0,1} %transpose.2)",
+        "  %exponential.4 = f32[3,2]{0,1} exponential(f32[3,2]{0,1} %sine.3)",
+        "  %negate.5 = f32[2,3]{1,0} negate(f32[2,3]{1,0} %p0.1)",
+        "  %logistic.6 = f32[2,3]{1,0} logistic(f32[2,3]{1,0} %negate.5)",
+        "  ROOT %tuple.7 = (f32[3,2]{0,1}, f32[2,3]{1,0}) tuple(f32[3,2]{0,1} %exponential.4, "
+        "f32[2,3]{1,0} %logistic.6)",
+        "}",
+    )

@@ -49,18 +49,32 @@ _SUM = {aten.sum.default, aten.sum.dim_IntList}
 _TRANSPOSE = {aten.t.default, aten.transpose.int, aten.permute.default}
 _RESHAPE = {aten.view.default, aten._unsafe_view.default, aten.reshape.default}
 _IDENTITY = {aten.clone.default}
+# One XLA instruction each, keeping the operand's shape and layout.
+_UNARY = {
+    aten.sin.default: "sine",
+    aten.cos.default: "cosine",
+    aten.exp.default: "exponential",
+    aten.log.default: "log",
+    aten.tanh.default: "tanh",
+    aten.neg.default: "negate",
+    aten.abs.default: "abs",
+    aten.sqrt.default: "sqrt",
+    aten.rsqrt.default: "rsqrt",
+    aten.sigmoid.default: "logistic",
+}
 _BARRIER = "xla::optimization_barrier"
 _MULTI_OUTPUT = {aten.max.dim, _BARRIER}
 # Ops whose IR operands are just their tensor inputs.
 _TENSOR_OPERANDS = frozenset(
-    {*_SUM, *_TRANSPOSE, *_RESHAPE, *_IDENTITY, aten.relu.default, aten.mm.default}
+    {*_SUM, *_TRANSPOSE, *_RESHAPE, *_IDENTITY, *_UNARY, aten.relu.default, aten.mm.default}
     | {aten.expand.default, *_MULTI_OUTPUT}
 )
 
 SUPPORTED = (
     "device data and Python scalars, add/sub/rsub (with alpha), mul, div, mm, t, transpose, "
     "addmm (a Linear layer), permute, view/reshape, expand, sum (all or some dims), max over "
-    "a dim, relu, clone, optimization barriers, "
+    "a dim, relu, sin, cos, exp, log, tanh, neg, abs, sqrt, rsqrt, sigmoid, clone, "
+    "optimization barriers, "
     "ones_like of a "
     "scalar (autograd's seed), and torch_xla's "
     "custom-sharding nodes (mark_sharding of a pending value, annotate_custom_sharding, "
@@ -401,6 +415,9 @@ class _Lowering:
             return _binary(b, _BINARY[op], ins[0], ins[1])
         if op in _IDENTITY:
             return ins[0]
+        if op in _UNARY:
+            x = ins[0]
+            return b.op(_UNARY[op], x.dims, [x], m2m=x.m2m)
         if op is aten.relu.default:
             x = ins[0]
             zero = b.constant(x.dtype, 0)
