@@ -1073,6 +1073,12 @@ def _clone(func, args, kwargs):
     if src._on_host:
         upload_deferred(src, rt)  # a use, as for any op
     _replicate_moved(src, rt)
+    if _graph.RECORD_CALLS:
+        # A compiler replays the recorded aten ops: it needs the clone's memory format (a
+        # ``contiguous()`` before a view), so the clone stays a node there.
+        out = _run_op(func, args, kwargs)
+        out._sharding = src._sharding
+        return out
     # torch_xla's clone is a new tensor on its source's IR value (no node: the graph and an
     # eager-mode run see nothing), with its source's sharding spec, data or annotation alike;
     # writes to either one later give it a value of its own.
