@@ -60,10 +60,10 @@ def _has_composite(qualified: str) -> bool:
     return torch._C._dispatch_has_kernel_for_dispatch_key(qualified, _COMPOSITE)
 
 
-@cache
 def fallback_name(op: Any) -> str | None:
     """The ``aten::`` counter torch_xla's CPU fallback counts for a call of ``op`` on xla
-    tensors, or None when torch_xla lowers it (or composes it of ops it lowers)."""
+    tensors, or None when torch_xla lowers it (or composes it of ops it lowers). Worked out
+    once per op: the dispatcher keeps it with the op's other facts."""
     if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten" or _lowered(op):
         return None
     if torch._C._dispatch_has_kernel_for_dispatch_key(_qualified(op), _IMPLICIT):

@@ -348,10 +348,19 @@ def _leaf_entry(t: XlaSimTensor) -> tuple[Any, tuple[Any, ...], int]:
     return entry
 
 
+def _ir_value(t: XlaSimTensor) -> tuple[Any, int]:
+    """``t``'s IR value as a graph input (its pending node, or its device-data key) and that
+    value's hash. ``_take`` does the same inline: it is on every op's path."""
+    node = t._node
+    if node is None:
+        entry = _leaf_entry(t)
+        return entry[1], entry[2]
+    return node, node.hash
+
+
 def ir_hash(t: XlaSimTensor) -> int:
     """The hash of ``t``'s IR value: its pending node's, or its device-data key's."""
-    node = t._node
-    return node.hash if node is not None else _leaf_entry(t)[2]
+    return _ir_value(t)[1]
 
 
 def _unwrap_other(
@@ -653,16 +662,8 @@ def add_custom_sharding(t: XlaSimTensor, target: str, spec: Any, shape: tuple[in
     node is left out (the HLO text then refuses the graph)."""
     if _graph.RECORD_CALLS:
         return
-    parts: list[Any] = [_CUSTOM_KEY, stable_id(target)]
-    inputs: list[Any] = []
-    node = t._node
-    if node is None:
-        entry = _leaf_entry(t)
-        inputs.append(entry[1])
-        parts.append(entry[2])
-    else:
-        inputs.append(node)
-        parts.append(node.hash)
+    value, value_hash = _ir_value(t)
+    parts: list[Any] = [_CUSTOM_KEY, stable_id(target), value_hash]
     if isinstance(spec, TensorSharding):
         parts.append(stable_id(spec.op.to_string()))
     elif spec is not None:
@@ -670,7 +671,7 @@ def add_custom_sharding(t: XlaSimTensor, target: str, spec: Any, shape: tuple[in
     node = Node(
         hash((hash(tuple(parts)), 0, shape, _DTYPE_KEYS[t.dtype])),
         "xla::custom_sharding",
-        tuple(inputs),
+        (value,),
         None,
         CustomCall(target, spec, shape),
         shape,
@@ -760,9 +761,7 @@ def _cpu_fallback(info: _OpInfo, counter: str, args: Any, kwargs: dict[str, Any]
     runtime.metrics.inc(counter)
     flat, spec = torch.utils._pytree.tree_flatten((args, kwargs))
     xla_inputs = [a for a in flat if type(a) is XlaSimTensor]
-    for t in xla_inputs:
-        owned(t)
-    materialize(xla_inputs)
+    materialize(xla_inputs)  # checks each input belongs to this runtime
     start = time.perf_counter_ns()
     on_device = [t for t in xla_inputs if not t._on_host]
     if on_device:
