@@ -9,7 +9,13 @@ import os
 import resource
 import signal
 import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
+
+# run_bounded's answer when ``stop_when`` ended the run (an exit status is never negative here
+# except for a signal, and those are -1..-64)
+STOPPED = -1000
 
 
 def run_bounded(
@@ -21,11 +27,14 @@ def run_bounded(
     timeout: float,
     nice: int,
     mem_gb: float | None = None,
+    stop_when: Callable[[str], bool] | None = None,
 ) -> int | None:
     """The command's exit status, or None when it ran past ``timeout`` seconds and was killed
     (with every process it started: it runs in its own session). ``mem_gb`` caps each process's
     data segment (RLIMIT_DATA: heap and private mappings), so a program sized for a TPU host
-    fails with a MemoryError instead of exhausting a shared machine."""
+    fails with a MemoryError instead of exhausting a shared machine. ``stop_when`` is asked
+    about the log so far every second; once it says yes the run is killed the same way and the
+    answer is ``STOPPED``."""
 
     def lower_priority() -> None:
         os.nice(nice)
@@ -44,12 +53,17 @@ def run_bounded(
             start_new_session=True,
             preexec_fn=lower_priority,
         )
-        try:
-            return proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            return None
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return proc.wait(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                pass
+            stop = stop_when is not None and stop_when(log.read_text(errors="replace"))
+            if stop or time.monotonic() >= deadline:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                return STOPPED if stop else None
 
 
 def add_side_options(parser: argparse.ArgumentParser) -> None:

@@ -25,6 +25,12 @@ e.g. with torch 2.9 + torch_xla 2.9 in one venv, which also runs the simulator:
 The ResNet-50 programs (batch 128 at 224x224) and the decoders at their built-in size
 (intermediate size 32768) are TPU-sized: a step needs more than the default 8 GiB cap on either
 side, so on a small machine they end with the allocator's error before their first logged step.
+On a bigger machine, ``--stop-after-steps 1`` ends each once it has logged its first step (they
+log every 10 steps of 200-300). On 16 cores and 128 GB, with ``--mem-gb 48`` and
+``OMP_NUM_THREADS`` split between the runs, every single-process program but the SPMD ones takes
+a few minutes at most; the multi-process ones (four processes of batch 128 each) and the SPMD ones
+(one process holds the global batch of all simulated chips: 512 images, 64 sequences) want the
+machine to themselves (``--jobs 1``, ``--mem-gb 115``).
 """
 
 from __future__ import annotations
@@ -41,7 +47,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 # this folder's helper module (the script's own dir is on sys.path)
-from _upstream_run import add_side_options, check_side_options, run_bounded, side_command
+from _upstream_run import (
+    STOPPED,
+    add_side_options,
+    check_side_options,
+    run_bounded,
+    side_command,
+)
 
 _SMALL_DECODER = [
     "--num-steps", "21", "--hidden-size", "64", "--num-layers", "2", "--num-attention-heads", "4",
@@ -85,15 +97,20 @@ def _is_fatal(line: str) -> bool:
 
 @dataclass
 class Outcome:
-    status: str  # finished / logged steps / failed / time bound
+    status: str  # finished / stopped after N logged steps / failed / time bound
     steps_logged: int
     losses: list[str]
     error: str
 
 
+def logged_steps(output: str) -> set[int]:
+    """The step numbers a program's log lines report (``step: N``)."""
+    return {int(m.group(1)) for ln in output.splitlines() if (m := _STEP.search(ln))}
+
+
 def parse_output(output: str, rc: int | None, timeout: float) -> Outcome:
     lines = output.splitlines()
-    steps = {int(m.group(1)) for ln in lines if (m := _STEP.search(ln))}
+    steps = logged_steps(output)
     losses = [m.group(1) for ln in lines if (m := _LOSS.search(ln))][:5]
     raised, fallback = "", ""
     for i, line in enumerate(lines):
@@ -106,6 +123,8 @@ def parse_output(output: str, rc: int | None, timeout: float) -> Outcome:
     error = raised or fallback  # a Python exception explains a later abort, not the reverse
     if rc == 0:
         status = "finished"
+    elif rc == STOPPED:
+        status = f"stopped after {len(steps)} logged steps"
     elif rc is None:
         status = f"time bound {timeout:g}s" + (f" after {len(steps)} logged steps" if steps else "")
     else:
@@ -131,6 +150,9 @@ def run_program(name: str, side: str, args) -> Outcome:
         timeout=args.timeout,
         nice=args.nice,
         mem_gb=args.mem_gb,
+        stop_when=(lambda out: len(logged_steps(out)) >= args.stop_after_steps)
+        if args.stop_after_steps
+        else None,
     )
     return parse_output(log.read_text(errors="replace"), rc, args.timeout)
 
@@ -143,6 +165,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", choices=sorted(PROGRAMS), help="programs to run")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per program and side")
     parser.add_argument("--jobs", type=int, default=1, help="programs run at once (default 1)")
+    parser.add_argument(
+        "--stop-after-steps",
+        type=int,
+        metavar="N",
+        help="end a program once it has logged N steps (what 'runs through its first logged "
+        "steps' needs of a TPU-sized program; default: run to the end or the time bound)",
+    )
     add_side_options(parser)
     parser.add_argument(
         "--mem-gb", type=float, default=8, help="data-segment cap per process (default 8 GiB)"
@@ -154,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{str(args.examples_dir)!r} has no train_resnet_base.py: not examples/")
     if args.jobs < 1:
         parser.error(f"--jobs {args.jobs}: must be >= 1")
+    if args.stop_after_steps is not None and args.stop_after_steps < 1:
+        parser.error(f"--stop-after-steps {args.stop_after_steps}: must be >= 1")
     check_side_options(parser, args)
     args.out_dir = (args.out_dir or Path(tempfile.mkdtemp(prefix="upstream_examples_"))).resolve()
     args.out_dir.mkdir(parents=True, exist_ok=True)

@@ -152,3 +152,32 @@ def test_example_log_parsing(examples) -> None:
     raised_then_abort = pool.replace("concurrent.futures.process.BrokenProcessPool", "ValueError")
     raised_then_abort += "\nterminate called without an active exception"
     assert examples.parse_output(raised_then_abort, -6, 60).error.startswith("ValueError: ")
+
+
+def test_a_run_stopped_after_its_first_logged_steps(examples, tmp_path) -> None:
+    """--stop-after-steps ends a TPU-sized program once it has shown its first steps: the run is
+    killed as soon as the log holds them (not at the time bound) and reported as stopped."""
+    program = (
+        "import time\n"
+        "for step in range(3):\n"
+        "    print(f'epoch: 1, step: {step}, loss: {7 - step}.5', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    log = tmp_path / "run.log"
+    rc = examples.run_bounded(
+        [sys.executable, "-c", program],
+        env={},
+        cwd=tmp_path,
+        log=log,
+        timeout=60,
+        nice=0,
+        stop_when=lambda out: len(examples.logged_steps(out)) >= 2,
+    )
+    assert rc == examples.STOPPED
+    out = examples.parse_output(log.read_text(), rc, 60)
+    assert (out.status, out.losses) == ("stopped after 3 logged steps", ["7.5", "6.5", "5.5"])
+    # without the predicate the same program runs into its bound, reported as such
+    rc = examples.run_bounded(
+        [sys.executable, "-c", program], env={}, cwd=tmp_path, log=log, timeout=2, nice=0
+    )
+    assert rc is None
