@@ -405,6 +405,45 @@ def test_mark_sharding_counters(xla_target):
     assert met.counter_value("VirtualDeviceUsage") is None
 
 
+def test_sharding_spec_counters_at_sync_and_after_clear(xla_target):
+    """Each output of an executed SPMD program gets its spec set (sharded or replicated), an
+    in-place update of a sharded tensor sets it once more, and annotating data that
+    clear_sharding left in its shards gathers them first."""
+    import torch_xla
+    import torch_xla.debug.metrics as met
+    import torch_xla.distributed.spmd as xs
+
+    _spmd(xla_target)
+    mesh = xs.Mesh(np.arange(4), (4, 1))
+    t = torch.randn(8, 4).to("xla")
+    xs.mark_sharding(t, mesh, (0, None))
+    r = torch.randn(8, 4).to("xla")
+    torch_xla.sync()
+
+    def counts():
+        return met.counter_value("SetShardingSpec"), met.counter_value("ReplicateShardedData")
+
+    met.clear_all()
+    outputs = [t + 1, t.sum(), r * 2]  # alive at the sync: the program's three outputs
+    torch_xla.sync()
+    assert counts() == (3, None)
+    t.add_(1)
+    torch_xla.sync()
+    assert counts() == (5, None)
+    h = t * 2
+    xs.mark_sharding(h, mesh, (None, 0))
+    torch_xla.sync()
+    assert counts() == (7, None)
+    xs.clear_sharding(h)
+    assert counts() == (7, None)
+    xs.mark_sharding(h, mesh, (0, None))
+    assert counts() == (8, 1)
+    xs.mark_sharding(r, mesh, (0, None))  # replicated data: nothing to gather
+    assert counts() == (9, 1)
+    assert torch.equal(h.cpu(), (t.cpu() * 2))
+    assert torch.equal(outputs[2].cpu(), r.cpu() * 2)
+
+
 def test_clone_keeps_the_sharding_spec(xla_target):
     """A clone carries its source's spec at once (before any sync), unlike other ops' results;
     a clone of an unsharded result has none."""

@@ -652,6 +652,7 @@ def _update(
     # re-dispatches (under no_dispatch, which skips that step).
     if w._sharding is not None and not _no_functionalization and not w._rt.graphs.use_eager_mode:
         add_custom_sharding(w, "Sharding", w._sharding, tuple(o.shape))
+        w._rt.metrics.inc("SetShardingSpec")  # the result keeps the tensor's spec
     pending.append(weakref.ref(w))
     return w
 

@@ -356,6 +356,9 @@ def _xla_mark_sharding(t: Any, sharding: OpSharding) -> None:
             raise check_failed(
                 "false", "Existing annotation must be cleared first: " + current.op.debug_string()
             )
+    elif x._buf is not None and _tiled(x._buf.key[2]):
+        # clear_sharding left the data in its shards: torch_xla gathers them before resharding.
+        rt.metrics.inc("ReplicateShardedData")
     # Fits (or fails like PJRT) before the data moves.
     reshard(rt, x, new)
     start = time.perf_counter_ns()
@@ -368,6 +371,10 @@ def _xla_mark_sharding(t: Any, sharding: OpSharding) -> None:
     rt.metrics.inc("CreateDataHandles", len(rt.addressable_device_ids()))
     rt.metrics.to_device(sent_bytes(rt, x), start)
     mark_uploaded(x, rt)
+
+
+def _tiled(sharding: TensorSharding | None) -> bool:
+    return sharding is not None and not sharding.is_replicated
 
 
 def _set_sharding(x: Any, sharding: TensorSharding) -> None:
