@@ -36,7 +36,7 @@ def _reference(q, k, v, causal=False, q_seg=None, kv_seg=None, sm_scale=1.0, ab=
     return torch.softmax(scores, dim=-1) @ v.double()
 
 
-def _inputs(batch=2, heads=3, q_len=12, kv_len=12, dim=8, seed=0):
+def _inputs(batch=2, heads=3, q_len=16, kv_len=128, dim=8, seed=0):
     gen = torch.Generator().manual_seed(seed)
     q = torch.randn(batch, heads, q_len, dim, generator=gen)
     k = torch.randn(batch, heads, kv_len, dim, generator=gen)
@@ -70,9 +70,9 @@ def test_values_and_gradients_match_eager_attention(xlasim_sim, case):
     from torch_xla.experimental.custom_kernel import flash_attention
 
     opts = CASES[case]
-    # Segment ids need a key length the kernel tiles by 128 lanes.
-    kv_len = 128 if opts.get("segments") else 12
-    q, k, v, ab = _inputs(q_len=16 if opts.get("segments") else 10, kv_len=kv_len)
+    # The kernel's backward takes whole 128-lane tiles of keys.
+    kv_len = 128
+    q, k, v, ab = _inputs()
     q_seg = kv_seg = None
     if opts.get("segments"):
         q_seg = _segments(2, q.shape[2], [5, 11])
@@ -139,7 +139,7 @@ def test_input_checks(xlasim_sim):
 
     dev = torch_xla.device()
     q, k, v, ab = (t.to(dev) for t in _inputs())
-    seg = torch.zeros(2, 12, dtype=torch.int32).to(dev)
+    seg = torch.zeros(2, 16, dtype=torch.int32).to(dev)
     # torch_xla's own check: segment ids come in pairs.
     with pytest.raises(AssertionError, match="Both q_segment_ids and kv_segment_ids"):
         flash_attention(q, k, v, q_segment_ids=seg)
@@ -147,13 +147,13 @@ def test_input_checks(xlasim_sim):
         flash_attention(q, k, v, kv_segment_ids=seg)
     with pytest.raises(ValueError, match=r"same head_dim .* got 8, 8 and 4"):
         flash_attention(q, k, v[..., :4])
-    with pytest.raises(ValueError, match="same kv_seq_len; got 12 and 6"):
+    with pytest.raises(ValueError, match="same kv_seq_len; got 128 and 6"):
         flash_attention(q, k, v[:, :, :6])
     with pytest.raises(ValueError, match="agree in batch and head dimensions"):
         flash_attention(q, k[:1], v[:1])
-    with pytest.raises(ValueError, match=r"ab must have shape \(2, 3, 12, 12\)"):
+    with pytest.raises(ValueError, match=r"ab must have shape \(2, 3, 16, 128\)"):
         flash_attention(q, k, v, ab=ab[..., :5])
-    with pytest.raises(ValueError, match=r"kv_segment_ids must have shape \(2, 12\)"):
+    with pytest.raises(ValueError, match=r"kv_segment_ids must have shape \(2, 128\)"):
         flash_attention(q, k, v, q_segment_ids=seg, kv_segment_ids=seg[:, :3])
 
 
@@ -170,6 +170,30 @@ def test_shapes_the_kernel_does_not_give_plain_attention_for(xlasim_sim):
     seg_kv = torch.zeros(1, 100, dtype=torch.int32).to(dev)
     with pytest.raises(NotImplementedError, match="kv block size must be a multiple of 128"):
         flash_attention(q, k, v, q_segment_ids=seg_q, kv_segment_ids=seg_kv)
+
+
+def test_head_dim_the_tiled_kernel_refuses(xlasim_sim):
+    import torch_xla
+    from torch_xla.experimental.custom_kernel import flash_attention
+
+    q, k, v, _ab = (t.to(torch_xla.device()) for t in _inputs(1, 1, 8, 1024, dim=200))
+    with pytest.raises(NotImplementedError, match="head_dim=200 should be a multiple of 128"):
+        flash_attention(q, k, v)
+
+
+@pytest.mark.parametrize(("q_len", "kv_len"), [(16, 12), (16, 384), (600, 128)])
+def test_backward_refuses_lengths_the_kernel_backward_cannot_tile(xlasim_sim, q_len, kv_len):
+    import torch_xla
+    from torch_xla.experimental.custom_kernel import flash_attention
+
+    q, k, v, _ab = _inputs(1, 1, q_len, kv_len)
+    dev = torch_xla.device()
+    # The forward runs (as on a TPU); the gradient stops where the kernel's backward would.
+    expected = _reference(q, k, v, causal=True)
+    out = flash_attention(q.to(dev).requires_grad_(), k.to(dev), v.to(dev), causal=True)
+    torch.testing.assert_close(out.cpu().double(), expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(NotImplementedError, match=f"q_seq_len {q_len} and kv_seq_len {kv_len}"):
+        out.sum().backward()
 
 
 def _mesh():
@@ -303,3 +327,20 @@ def test_a_pallas_kernel_is_made_but_refuses_to_run(xlasim_sim):
     kernel = ck.make_kernel_from_pallas(lambda *refs: None, lambda *args: [])
     with pytest.raises(NotImplementedError, match=r"custom_kernel\.make_kernel_from_pallas\)"):
         kernel(torch.zeros(2))
+
+
+def test_backward_under_a_partition_spec_checks_the_shard_lengths(xlasim_sim):
+    import torch_xla
+    from torch_xla.experimental.custom_kernel import flash_attention
+
+    # Whole keys (128) per shard pass; split over the sequence, each shard has 32 keys.
+    mesh = _mesh()
+    dev = torch_xla.device()
+    q, k, v, _ab = (t.to(dev).requires_grad_() for t in _inputs(batch=4, q_len=128))
+    flash_attention(q, k, v, partition_spec=("x", None, None, None), mesh=mesh).sum().backward()
+    assert q.grad is not None
+    # Entering the manual region annotates the inputs in place, so take fresh ones.
+    q, k, v, _ab = (t.to(dev).requires_grad_() for t in _inputs(batch=4, q_len=128))
+    out = flash_attention(q, k, v, partition_spec=(None, None, "x", None), mesh=mesh)
+    with pytest.raises(NotImplementedError, match="q_seq_len 32 and kv_seq_len 32"):
+        out.sum().backward()

@@ -10,7 +10,10 @@ positions, so it is aligned at the start when the lengths differ), the probabili
 rounded to ``v``'s dtype before they weight ``v``, and the result in ``q``'s dtype.
 With ``partition_spec`` torch_xla runs the kernel on each device's shard in a manual
 region; the simulator does the same, so sharding the sequence or head dimension gives the
-per-shard results a TPU gives.
+per-shard results a TPU gives. Shapes where the TPU's answer is not plain attention (keys
+padded with zeros) or where the kernel refuses them (its forward's lane tiling, its
+backward's block sizes, checked when the gradient is taken) raise ``NotImplementedError``
+saying why.
 
 Every other kernel of the module (paged and ragged attention, grouped matmul, int8 matmul,
 ``trace_pallas``) needs JAX and a TPU to lower its Pallas code; it raises
@@ -142,29 +145,53 @@ def _check_inputs(
 def _kernel_limit(
     q: torch.Tensor, k: torch.Tensor, segments: bool, ab: torch.Tensor | None
 ) -> str | None:
-    """Why the TPU's result for these shapes (as the kernel sees them, so per shard) is not
+    """Why the TPU's forward for these shapes (as the kernel sees them, so per shard) is not
     plain attention, or the kernel refuses them; None when it is plain attention."""
-    kv_len = k.shape[-2]
+    kv_len, head_dim = k.shape[-2], k.shape[-1]
     if kv_len > _KV_BLOCK and kv_len % _KV_BLOCK and ab is None:
         return (
             f"xlasim: flash_attention with kv_seq_len {kv_len} (above {_KV_BLOCK} and not a "
             f"multiple of it): torch_xla pads the keys with zeros that take part in the "
             f"kernel's softmax, which is not simulated"
         )
-    q_len = q.shape[-2]
-    if q_len > _KV_BLOCK and q_len % _KV_BLOCK:
-        return (
-            f"xlasim: flash_attention with q_seq_len {q_len} (above {_KV_BLOCK} and not a "
-            f"multiple of it): the kernel's backward block sizes must divide it"
-        )
+    # The kernel's own refusals, raised when it is traced.
     if segments and min(kv_len, _KV_BLOCK) % _NUM_LANES:
-        # The kernel's own refusal, raised when it is traced.
         return f"kv block size must be a multiple of {_NUM_LANES}"
+    if kv_len > _KV_BLOCK and head_dim > _NUM_LANES and head_dim % _NUM_LANES:
+        return f"head_dim={head_dim} should be a multiple of {_NUM_LANES} if larger"
     return None
+
+
+def _backward_limit(q_len: int, kv_len: int) -> str | None:
+    """Why the TPU kernel's backward refuses these sequence lengths (per shard), or None.
+
+    torch_xla runs it with query blocks of min(len, 512) and min(len, 1024) and key blocks
+    of min(len, 256) and min(len, 512), each of which must divide its length, and key blocks
+    in whole 128-lane tiles."""
+    key_blocks = (min(kv_len, 256), min(kv_len, _KV_BLOCK))
+    query_blocks = (min(q_len, _KV_BLOCK), min(q_len, 1024))
+    keys_fit = all(kv_len % b == 0 and b % _NUM_LANES == 0 for b in key_blocks)
+    if keys_fit and all(q_len % b == 0 for b in query_blocks):
+        return None
+    return (
+        f"xlasim: the gradient of flash_attention with q_seq_len {q_len} and kv_seq_len "
+        f"{kv_len}: the TPU kernel's backward takes kv_seq_len 128, 256 or a multiple of 512, "
+        f"and q_seq_len up to 512, 1024 or a multiple of 1024"
+    )
 
 
 def _not_simulated(reason: str) -> NotImplementedError:
     return NotImplementedError(reason)
+
+
+def _refusing_hook(reason: str) -> Callable[[torch.Tensor], None]:
+    """A gradient hook that stops the backward where the TPU kernel's backward would fail
+    (the forward runs there)."""
+
+    def refuse(grad: torch.Tensor) -> None:
+        raise _not_simulated(reason)
+
+    return refuse
 
 
 def _attention(
@@ -322,6 +349,9 @@ class FlashAttention(torch.autograd.Function):
         out_spec = None if specs is None else specs[0]
         grad_local = _to_shards([grad_output], None if specs is None else [out_spec], mesh)[0]
         local = _to_shards(saved, specs, mesh)
+        reason = _backward_limit(local[0].shape[-2], local[1].shape[-2])
+        if reason is not None:
+            raise _not_simulated(reason)
         wanted = [i for i, at in enumerate(_APPLY_POSITION) if ctx.needs_input_grad[at]]
         with torch.enable_grad():
             leaves: list[Any] = [
@@ -360,11 +390,15 @@ def flash_attention(
         reason = _kernel_limit(q, k, q_segment_ids is not None, ab)
         if reason is not None:
             raise _not_simulated(reason)
-        return _attention(q, k, v, causal, q_segment_ids, kv_segment_ids, sm_scale, ab)
-    out: torch.Tensor = FlashAttention.apply(
+        out = _attention(q, k, v, causal, q_segment_ids, kv_segment_ids, sm_scale, ab)
+        refused = _backward_limit(q.shape[-2], k.shape[-2])
+        if out.requires_grad and refused is not None:
+            out.register_hook(_refusing_hook(refused))
+        return out
+    sharded: torch.Tensor = FlashAttention.apply(
         q, k, v, causal, q_segment_ids, kv_segment_ids, sm_scale, ab, partition_spec, mesh
     )
-    return out
+    return sharded
 
 
 def fa_custom_forward_fake(
