@@ -107,3 +107,21 @@ def test_shard_to_full_needs_a_manual_tensor(xla_target):
     )
     assert torch_xla._XLAC._get_xla_sharding_spec(full) == "{replicated}"
     assert torch.equal(full.cpu(), torch.ones(8, 8))
+
+
+def test_manual_region_of_a_pending_value_runs_no_graph(xla_target):
+    import torch_xla
+    import torch_xla.debug.metrics as met
+    import torch_xla.distributed.spmd as xs
+
+    _spmd(xla_target)
+    mesh = xs.Mesh(np.arange(4), (4,), ("x",))
+    t = torch.arange(16.0).reshape(4, 4).to("xla")
+    torch_xla.sync()
+    met.clear_all()
+    pending = t * 2 + 1
+    # Entering and leaving the region are nodes of the pending graph, not executions.
+    local = xs.enable_manual_sharding(pending, ("x", None), mesh=mesh).global_tensor
+    back = xs.disable_manual_sharding(local * 3, ("x", None), pending.shape, mesh=mesh)
+    assert met.metric_data("ExecuteReplicatedTime") is None
+    assert torch.equal(back.global_tensor.cpu(), (torch.arange(16.0).reshape(4, 4) * 2 + 1) * 3)

@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 
 from xlasim.runtime.graph import CustomCall, stable_id
-from xlasim.runtime.shards import global_value, place_shards
+from xlasim.runtime.shards import place_shards
 from xlasim.runtime.state import SimRuntime
-from xlasim.runtime.tensor import XlaSimTensor, derived, make_manual
+from xlasim.runtime.tensor import XlaSimTensor, derived, make_manual, owned
 from xlasim.sharding.op_sharding import OpSharding, padded_shard, replica_and_indices
 from xlasim.sharding.tensor_sharding import TensorSharding
 
@@ -30,7 +30,10 @@ def full_to_shard(rt: SimRuntime, x: XlaSimTensor, sharding: TensorSharding) -> 
     """``_spmd_full_to_shard_shape``: each device's (padded) shard of ``x``, as one manual
     tensor of the shard shape."""
     _single_process(rt, "_spmd_full_to_shard_shape / enable_manual_sharding")
-    value = global_value(x)
+    # A node of the graph in torch_xla, so a pending ``x`` runs nothing here (inside
+    # torch_xla.compile that would be an unexpected execution); its value is already known.
+    owned(x)
+    value = x._elem.detach()
     padded = sharding.shard_shape()
     devices = rt.global_device_ids()
     pieces = [
