@@ -92,3 +92,22 @@ def test_a_dry_run_views_any_layout(xlasim_sim):
         assert (y.shape, y.stride()) == (torch.Size([32]), (1,))
         x.add_(1)
         assert y.sum().shape == ()  # shapes only: no values to keep in step
+
+
+@pytest.mark.topology("2x2x1", accelerator="v4")
+def test_manual_sharded_values_are_viewed_per_device(xlasim_sim):
+    import numpy as np
+    import torch_xla.distributed.spmd as xs
+    import torch_xla.runtime as xr
+
+    xr.use_spmd()
+    mesh = xs.Mesh(np.arange(4), (1, 4))
+    xs.set_global_mesh(mesh)
+    x = torch.arange(32.0).reshape(4, 8)
+    manual = xs.enable_manual_sharding(x.to("xla"), (None, 1)).global_tensor  # [4, 2] each
+    flat = manual.t().contiguous().view(8)
+    with pytest.raises(NotImplementedError, match="in-place"):
+        flat.add_(1)
+    full = xs.disable_manual_sharding(flat, (1,), (32,)).global_tensor
+    expected = torch.cat([x[:, 2 * d : 2 * d + 2].t().reshape(8) for d in range(4)])
+    assert torch.equal(full.cpu(), expected)

@@ -201,6 +201,8 @@ class XlaSimTensor(torch.Tensor):
         info = _op_info(func)
         if info.metadata:
             return _METADATA[func]
+        if _COPIES_SEEN and info.written:
+            _refuse_copy_writes(info, args, kwargs)
         if _MANUAL_SEEN and _any_manual(args, kwargs):
             return _run_per_device(info, args, kwargs or {})
         if info.handler is not None:
@@ -316,11 +318,14 @@ class _OpInfo:
         "handler",
         "identity",
         "view",
+        "written",
         "metadata",
         "generator",
         "cpu_rules",
         "fallback",
     )
+
+    written: tuple[tuple[int, str], ...]
 
     def __init__(self, op: Any) -> None:
         self.op = op
@@ -332,8 +337,14 @@ class _OpInfo:
         self.view = bool(op.is_view)
         self.metadata = op in _METADATA
         if self.metadata:  # answered at once: no schema in the dispatcher to look at
-            self.generator, self.cpu_rules, self.fallback = False, None, None
+            self.written, self.generator, self.cpu_rules, self.fallback = (), False, None, None
             return
+        # The arguments it writes (position, name): in-place and out= ops.
+        self.written = tuple(
+            (i, a.name)
+            for i, a in enumerate(op._schema.arguments)
+            if a.alias_info is not None and a.alias_info.is_write
+        )
         # Simulated devices draw from the runtime's own generator, as torch_xla's device RNG
         # is separate from the CPU one (seeded by torch_xla.manual_seed).
         self.generator = any(a.name == "generator" for a in op._schema.arguments)
@@ -631,6 +642,8 @@ def _run_per_device(info: _OpInfo, args: Any, kwargs: dict[str, Any]) -> Any:
     """An op on manual-sharded values: one IR node (as in torch_xla), computed on every
     device's own values; the results are manual too."""
     op = info.op
+    if info.handler is _layout_view and not _views_as_is(op, args, kwargs):
+        return _mark_copied(_run_per_device(_copying_info(op), args, kwargs), args[0], op)
     if _leaves_device(op, args, kwargs):
         raise NotImplementedError(
             "xlasim: moving a manual-sharded tensor between the host and the devices; its "
@@ -693,8 +706,6 @@ def _update(
 ) -> XlaSimTensor:
     """An in-place / out= result: the input tensor gets the new pending node."""
     if _COPIES_SEEN:
-        if w._copied is not None:
-            raise _copy_written(w, func)
         _count_write(o)
     if w.shape != o.shape:
         set_wrapper_shape(w, o.shape)
@@ -1066,8 +1077,6 @@ def _copy_(func, args, kwargs):
         # Host to device transfer into an existing device tensor: it becomes device data.
         runtime = owned(dst)
         if _COPIES_SEEN:
-            if dst._copied is not None:
-                raise _copy_written(dst, func)
             _count_write(dst._elem)
         start = time.perf_counter_ns()
         dst._elem.copy_(src, **kwargs)
@@ -1165,32 +1174,48 @@ def _layout_view(func, args, kwargs):
     so; they are viewed as their row-major copy, which stays a view in the graph (the same IR
     as torch_xla's) and refuses what would tell the two apart: a write into either one after.
     """
-    src = args[0]
-    elem = src._elem
-    if not elem.is_contiguous():
-        try:
-            func(elem, *args[1:], **kwargs)
-        except RuntimeError:
-            return _copied_view(func, args, kwargs)
-    return _run_op(func, args, kwargs)
+    if _views_as_is(func, args, kwargs):
+        return _run_op(func, args, kwargs)
+    info = _copying_info(func)
+    out = _run_recorded(info, args, kwargs) if _graph.RECORD_CALLS else _run(info, args, kwargs)
+    return _mark_copied(out, args[0], func)
 
 
-def _copied_view(func: Any, args: Any, kwargs: Any) -> XlaSimTensor:
-    global _COPIES_SEEN
+def _views_as_is(func: Any, args: Any, kwargs: Any) -> bool:
+    """Whether view op ``func`` can view the CPU values of its input as they are laid out."""
+    elem = args[0]._elem
+    if elem.is_contiguous():
+        return True
+    try:
+        func(elem, *args[1:], **kwargs)
+    except RuntimeError:
+        return False
+    return True
+
+
+def _copying_info(func: Any) -> _OpInfo:
+    """``func`` computed on a row-major copy of its input's values."""
     info = _COPYING_VIEWS.get(func)
     if info is None:
         op_call = getattr(func, "_op", func)
         info = _OpInfo(func)
+        info.handler = None
         info.call = lambda value, *rest, **kw: op_call(value.contiguous(), *rest, **kw)
         _COPYING_VIEWS[func] = info
-    src = args[0]
-    out = _run_recorded(info, args, kwargs) if _graph.RECORD_CALLS else _run(info, args, kwargs)
+    return info
+
+
+def _mark_copied(out: XlaSimTensor, src: XlaSimTensor, func: Any) -> XlaSimTensor:
+    global _COPIES_SEEN
     source = src._elem
     if not source.is_meta:  # a dry run's values are shapes only: nothing to keep in step
         storage = source.untyped_storage().data_ptr()
         out._copied = (source, storage, _WRITES.get(storage, 0), func.overloadpacket.__name__)
         _COPIES_SEEN = True
     return out
+
+
+_COPYING_VIEWS: dict[Any, _OpInfo] = {}
 
 
 # Once a view has been copied: the writes into each storage that device tensors hold (the
@@ -1202,9 +1227,6 @@ def _count_write(value: torch.Tensor) -> None:
     if not value.is_meta:
         storage = value.untyped_storage().data_ptr()
         _WRITES[storage] = _WRITES.get(storage, 0) + 1
-
-
-_COPYING_VIEWS: dict[Any, _OpInfo] = {}
 
 
 def _inherit_copy(src: Any, out: Any) -> None:
@@ -1227,6 +1249,14 @@ def _check_copy_fresh(t: XlaSimTensor) -> None:
             f"the simulator holds a copy taken before it. Take the {op}() after the write, "
             f"or clone() the tensor before it"
         )
+
+
+def _refuse_copy_writes(info: _OpInfo, args: Any, kwargs: Any) -> None:
+    """Before an op writes into its arguments: none of them may be a copied view."""
+    for index, name in info.written:
+        a = args[index] if index < len(args) else (kwargs or {}).get(name)
+        if type(a) is XlaSimTensor and a._copied is not None:
+            raise _copy_written(a, info.op)
 
 
 def _copy_written(t: XlaSimTensor, op: Any) -> NotImplementedError:
