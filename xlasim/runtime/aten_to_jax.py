@@ -267,6 +267,13 @@ def _identity(x: Any, **_: Any) -> Any:
     return x
 
 
+@lowers(torch.ops.prims.copy_strided.default)
+def _copy_strided(x: Any, stride: Sequence[int]) -> Any:
+    # A CPU layout change (a functional copy_ into a tensor laid out otherwise): an XLA array
+    # has no strides.
+    return x
+
+
 @lowers(aten.copy.default)
 def _copy(dst: Any, src: Any, non_blocking: bool = False) -> Any:
     return jnp.broadcast_to(src.astype(dst.dtype), dst.shape)

@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -170,10 +170,21 @@ def _note(line: str) -> None:
     print(f"xlasim: {line}", file=sys.stderr, flush=True)
 
 
-def set_wrapper_meta(wrapper: torch.Tensor, like: torch.Tensor) -> None:
-    """Makes a wrapper tensor's sizes/strides/offset those of the tensor it wraps."""
+def xla_strides(shape: Sequence[int]) -> list[int]:
+    """The strides an ``xla`` tensor of ``shape`` reports: row-major over the logical shape,
+    whatever view it is, as torch_xla derives them from the XLA shape alone (a size-0 dim
+    zeroes the strides before it, where torch's own contiguous strides would not)."""
+    strides = [1] * len(shape)
+    for i in range(len(shape) - 1, 0, -1):
+        strides[i - 1] = strides[i] * shape[i]
+    return strides
+
+
+def set_wrapper_shape(wrapper: torch.Tensor, shape: Sequence[int]) -> None:
+    """Gives a wrapper tensor a new shape (with its ``xla`` strides and offset 0), as out= ops
+    and in-place view ops (arange(out=), t_()) change it."""
     with no_dispatch():
-        torch.ops.xlasim.set_meta(wrapper, like.size(), like.stride(), like.storage_offset())
+        torch.ops.xlasim.set_meta(wrapper, list(shape), xla_strides(shape), 0)
 
 
 def backward_on_device(leaf: torch.Tensor) -> None:

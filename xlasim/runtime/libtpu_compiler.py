@@ -28,7 +28,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -214,8 +214,29 @@ _FUNCTIONAL = {
 }
 
 
+def _view_any_layout(view: Any) -> Callable[..., Any]:
+    """``view`` as the simulator records it: of a tensor that reports row-major strides,
+    whatever it is. The replay's CPU fakes keep PyTorch's own strides, where a transposed one
+    cannot be viewed to a new shape: that one is viewed as its row-major copy (as the simulator
+    computes it)."""
+
+    def replayed(x: torch.Tensor, *rest: Any) -> torch.Tensor:
+        try:
+            return view(x, *rest)
+        except (RuntimeError, ValueError):  # fake tensors refuse with either
+            return view(aten.clone.default(x, memory_format=torch.contiguous_format), *rest)
+
+    return replayed
+
+
+_LAYOUT_FREE = {op: _view_any_layout(op) for op in (aten.view.default, aten._unsafe_view.default)}
+
+
 def functional_op(op: Any) -> Any:
-    """The out-of-place op computing what in-place ``op`` writes (replayed as a new value)."""
+    """The out-of-place op computing what in-place ``op`` writes (replayed as a new value);
+    for any other op, the op the replay runs for it."""
+    if op in _LAYOUT_FREE:
+        return _LAYOUT_FREE[op]
     if op in _FUNCTIONAL:
         return _FUNCTIONAL[op]
     schema = op._schema

@@ -21,7 +21,7 @@ from xlasim.runtime import dry_run, memory
 from xlasim.runtime import errors as _errors
 from xlasim.runtime import graph as _graph
 from xlasim.runtime import state as _runtime
-from xlasim.runtime.device import FactoryKernels, set_wrapper_meta
+from xlasim.runtime.device import FactoryKernels, set_wrapper_shape, xla_strides
 from xlasim.runtime.graph import CompileError, CustomCall, InputRef, Node, RecordedCall, stable_id
 from xlasim.runtime.kernel_inputs import check_cpu_inputs, rules_for
 from xlasim.runtime.lowerings import fallback_name
@@ -85,6 +85,10 @@ class XlaSimTensor(torch.Tensor):
     _manual: list[torch.Tensor] | None
     """Under manual sharding, each device's own value (in global device order; ``_elem`` is
     the first): ops on it run once per device, as the partitioned program does."""
+    _copied: tuple[torch.Tensor, int, int, str] | None
+    """A view torch_xla makes that the CPU values could only take as a copy (a transposed
+    tensor viewed to a new shape): the source's values (kept alive), their storage, its count
+    of writes then, and the op (see :func:`_layout_view`). None for every other tensor."""
 
     __slots__ = (
         "_elem",
@@ -102,6 +106,7 @@ class XlaSimTensor(torch.Tensor):
         "_rt",
         "_buf",
         "_manual",
+        "_copied",
     )
 
     @staticmethod
@@ -194,6 +199,10 @@ class XlaSimTensor(torch.Tensor):
             # handler unwraps it and comes back here with xla tensors only.
             return NotImplemented
         info = _op_info(func)
+        if info.metadata:
+            return _METADATA[func]
+        if _COPIES_SEEN and info.written:
+            _refuse_copy_writes(info, args, kwargs)
         if _MANUAL_SEEN and _any_manual(args, kwargs):
             return _run_per_device(info, args, kwargs or {})
         if info.handler is not None:
@@ -206,6 +215,8 @@ class XlaSimTensor(torch.Tensor):
             out = _run_recorded(info, args, kwargs)
         else:
             out = _run(info, args, kwargs)
+        if _COPIES_SEEN and info.view:
+            _inherit_copy(args[0], out)
         if _graph.EAGER_SEEN:
             graphs = _runtime.current().graphs
             if graphs.use_eager_mode:
@@ -215,6 +226,19 @@ class XlaSimTensor(torch.Tensor):
 
 _make_wrapper = torch.Tensor._make_wrapper_subclass
 
+# The metadata queries a wrapper made with the "strides" policy sends here, and the answers:
+# torch_xla's tensors are contiguous in every memory format (channels-last included: XLA owns
+# the layout), and their strides (row-major, set on the wrapper) are asked of torch as usual
+# (None: the wrapper's own), as are the layout tests computed from them.
+_METADATA: dict[Any, bool | None] = {
+    aten.is_contiguous.default: True,
+    aten.is_contiguous.memory_format: True,
+    aten.stride.default: None,
+    aten.sym_stride.default: None,
+    aten.is_strides_like_format.default: None,
+    aten.is_non_overlapping_and_dense.default: None,
+}
+
 
 def _identity(info: _OpInfo, src: XlaSimTensor, kwargs: Any = None) -> XlaSimTensor:
     """An op whose result is its input's IR value (no new node)."""
@@ -223,6 +247,10 @@ def _identity(info: _OpInfo, src: XlaSimTensor, kwargs: Any = None) -> XlaSimTen
         raise _foreign(src, runtime)
     value = info.call(src._elem, **kwargs) if kwargs else info.call(src._elem)
     out = _new(value, src._device, src._node, runtime)
+    if src._copied is not None:
+        _check_copy_fresh(src)
+        if info.op is not aten.clone.default:  # an alias holds the same copy
+            out._copied = src._copied
     out._sharding = src._sharding
     out._buf = src._buf  # the same value: one buffer
     # The alias holds the same data in the same state (on the host still, moved at the same
@@ -239,16 +267,25 @@ def _new(elem: torch.Tensor, device: torch.device, node: Node | None, rt: Any) -
 
     Arguments go to torch positionally (size, strides, storage_offset, memory_format, dtype,
     layout, device): keyword parsing is a good part of the call's cost.
+
+    The wrapper reports torch_xla's metadata, not ``elem``'s: row-major strides over its shape
+    and storage offset 0 for every tensor, views included (PyTorch picks some backward formulas
+    by strides, so the graphs follow them); ``elem`` keeps whatever layout computing gives it.
+    torch's own contiguous strides are the same unless a dimension is 0.
     """
+    size = elem.size()
     r = _make_wrapper(
         XlaSimTensor,
-        elem.size(),
-        elem.stride(),
-        elem.storage_offset(),
+        size,
+        xla_strides(size) if elem.numel() == 0 else None,
+        None,
         None,
         elem.dtype,
         elem.layout,
         device,
+        False,
+        False,
+        "strides",  # contiguity and stride queries come to __torch_dispatch__ (_METADATA)
     )
     r._elem = elem
     r._device = device
@@ -257,6 +294,7 @@ def _new(elem: torch.Tensor, device: torch.device, node: Node | None, rt: Any) -
     r._sharding = None
     r._buf = None
     r._manual = None
+    r._copied = None
     r._leaf = None
     # True while pending IR updates device data in place (XLA aliases that buffer).
     r._aliased = False
@@ -273,7 +311,21 @@ def _new(elem: torch.Tensor, device: torch.device, node: Node | None, rt: Any) -
 class _OpInfo:
     """What the dispatcher needs to know of one op overload, worked out on its first call."""
 
-    __slots__ = ("op", "call", "key", "handler", "identity", "generator", "cpu_rules", "fallback")
+    __slots__ = (
+        "op",
+        "call",
+        "key",
+        "handler",
+        "identity",
+        "view",
+        "written",
+        "metadata",
+        "generator",
+        "cpu_rules",
+        "fallback",
+    )
+
+    written: tuple[tuple[int, str], ...]
 
     def __init__(self, op: Any) -> None:
         self.op = op
@@ -282,6 +334,17 @@ class _OpInfo:
         self.key = stable_id(op)
         self.handler = _SPECIAL.get(op)
         self.identity = op in _IDENTITY_OPS
+        self.view = bool(op.is_view)
+        self.metadata = op in _METADATA
+        if self.metadata:  # answered at once: no schema in the dispatcher to look at
+            self.written, self.generator, self.cpu_rules, self.fallback = (), False, None, None
+            return
+        # The arguments it writes (position, name): in-place and out= ops.
+        self.written = tuple(
+            (i, a.name)
+            for i, a in enumerate(op._schema.arguments)
+            if a.alias_info is not None and a.alias_info.is_write
+        )
         # Simulated devices draw from the runtime's own generator, as torch_xla's device RNG
         # is separate from the CPU one (seeded by torch_xla.manual_seed).
         self.generator = any(a.name == "generator" for a in op._schema.arguments)
@@ -425,6 +488,8 @@ def _take(
     """Records an xla input: its IR value (pending node or device-data key) and its hash."""
     if t._rt is not rt:
         raise _foreign(t, rt)
+    if t._copied is not None:
+        _check_copy_fresh(t)
     if t._on_host:
         upload_deferred(t, rt)
     node = t._node
@@ -577,6 +642,8 @@ def _run_per_device(info: _OpInfo, args: Any, kwargs: dict[str, Any]) -> Any:
     """An op on manual-sharded values: one IR node (as in torch_xla), computed on every
     device's own values; the results are manual too."""
     op = info.op
+    if info.handler is _layout_view and not _views_as_is(op, args, kwargs):
+        return _mark_copied(_run_per_device(_copying_info(op), args, kwargs), args[0], op)
     if _leaves_device(op, args, kwargs):
         raise NotImplementedError(
             "xlasim: moving a manual-sharded tensor between the host and the devices; its "
@@ -638,8 +705,10 @@ def _update(
     w: XlaSimTensor, o: torch.Tensor, index, func, base, inputs, pending, facts=None
 ) -> XlaSimTensor:
     """An in-place / out= result: the input tensor gets the new pending node."""
-    if w.shape != o.shape or w.stride() != o.stride():
-        set_wrapper_meta(w, o)
+    if _COPIES_SEEN:
+        _count_write(o)
+    if w.shape != o.shape:
+        set_wrapper_shape(w, o.shape)
         w._leaf = None
     if w._node is None:
         w._aliased = True
@@ -924,6 +993,8 @@ def owned(t: XlaSimTensor) -> Any:
     runtime = _runtime.current()
     if t._rt is not runtime:
         raise _foreign(t, runtime)
+    if t._copied is not None:
+        _check_copy_fresh(t)
     return runtime
 
 
@@ -984,6 +1055,9 @@ def _to_copy(func, args, kwargs):
         if runtime.dry_run:
             raise dry_run.needs_values(f"copying a device tensor to {target.type}")
         start = time.perf_counter_ns()
+        if cpu_kwargs.get("memory_format") in (None, torch.preserve_format):
+            # The host copy is laid out as the device tensor reports itself: row-major.
+            cpu_kwargs["memory_format"] = torch.contiguous_format
         out = aten._to_copy.default(src._elem, **cpu_kwargs)
         if target.type != "cpu":
             out = out.to(target)
@@ -1003,6 +1077,8 @@ def _copy_(func, args, kwargs):
     if isinstance(dst, XlaSimTensor) and not isinstance(src, XlaSimTensor):
         # Host to device transfer into an existing device tensor: it becomes device data.
         runtime = owned(dst)
+        if _COPIES_SEEN:
+            _count_write(dst._elem)
         start = time.perf_counter_ns()
         dst._elem.copy_(src, **kwargs)
         dst._node = None
@@ -1085,6 +1161,115 @@ def _clone(func, args, kwargs):
     return _identity(_op_info(func), src, kwargs)  # memory_format: the wrapper's strides
 
 
+# Set once a view has been computed as a copy (``_layout_view``): until then no op looks for
+# copies among its inputs' sources.
+_COPIES_SEEN = False
+
+
+def _layout_view(func, args, kwargs):
+    """``view`` (and the ops like it that need a layout of their values, not only a shape).
+
+    A device tensor reports row-major strides whatever it is, so PyTorch asks for a view
+    wherever the shape allows it (``x.t().contiguous().view(-1)``: ``contiguous()`` keeps
+    ``x.t()``), and torch_xla gives one. The CPU values of a transposed tensor cannot be viewed
+    so; they are viewed as their row-major copy, which stays a view in the graph (the same IR
+    as torch_xla's) and refuses what would tell the two apart: a write into either one after.
+    """
+    if _views_as_is(func, args, kwargs):
+        return _run_op(func, args, kwargs)
+    info = _copying_info(func)
+    out = _run_recorded(info, args, kwargs) if _graph.RECORD_CALLS else _run(info, args, kwargs)
+    return _mark_copied(out, args[0], func)
+
+
+def _views_as_is(func: Any, args: Any, kwargs: Any) -> bool:
+    """Whether view op ``func`` can view the CPU values of its input as they are laid out."""
+    elem = args[0]._elem
+    if elem.is_contiguous():
+        return True
+    try:
+        func(elem, *args[1:], **kwargs)
+    except RuntimeError:
+        return False
+    return True
+
+
+def _copying_info(func: Any) -> _OpInfo:
+    """``func`` computed on a row-major copy of its input's values."""
+    info = _COPYING_VIEWS.get(func)
+    if info is None:
+        op_call = getattr(func, "_op", func)
+        info = _OpInfo(func)
+        info.handler = None
+        info.call = lambda value, *rest, **kw: op_call(value.contiguous(), *rest, **kw)
+        _COPYING_VIEWS[func] = info
+    return info
+
+
+def _mark_copied(out: XlaSimTensor, src: XlaSimTensor, func: Any) -> XlaSimTensor:
+    global _COPIES_SEEN
+    source = src._elem
+    if not source.is_meta:  # a dry run's values are shapes only: nothing to keep in step
+        storage = source.untyped_storage().data_ptr()
+        out._copied = (source, storage, _WRITES.get(storage, 0), func.overloadpacket.__name__)
+        _COPIES_SEEN = True
+    return out
+
+
+_COPYING_VIEWS: dict[Any, _OpInfo] = {}
+
+
+# Once a view has been copied: the writes into each storage that device tensors hold (the
+# sim's in-place ops run below autograd, where CPU tensors count no versions).
+_WRITES: dict[int, int] = {}
+
+
+def _count_write(value: torch.Tensor) -> None:
+    if not value.is_meta:
+        storage = value.untyped_storage().data_ptr()
+        _WRITES[storage] = _WRITES.get(storage, 0) + 1
+
+
+def _inherit_copy(src: Any, out: Any) -> None:
+    """A view of a copied view holds (part of) the same copy."""
+    copied = getattr(src, "_copied", None)
+    if copied is None:
+        return
+    for o in out if isinstance(out, (tuple, list)) else (out,):
+        if type(o) is XlaSimTensor and o._copied is None:
+            o._copied = copied
+
+
+def _check_copy_fresh(t: XlaSimTensor) -> None:
+    _, storage, writes, op = t._copied  # type: ignore[misc]
+    if _WRITES.get(storage, 0) != writes:
+        raise NotImplementedError(
+            f"xlasim: this tensor is {op}() of a tensor whose values are laid out otherwise "
+            f"(a transposed or permuted one), and that tensor has been written in place since; "
+            f"torch_xla keeps the two views of one value, so this one shows the write, while "
+            f"the simulator holds a copy taken before it. Take the {op}() after the write, "
+            f"or clone() the tensor before it"
+        )
+
+
+def _refuse_copy_writes(info: _OpInfo, args: Any, kwargs: Any) -> None:
+    """Before an op writes into its arguments: none of them may be a copied view."""
+    for index, name in info.written:
+        a = args[index] if index < len(args) else (kwargs or {}).get(name)
+        if type(a) is XlaSimTensor and a._copied is not None:
+            raise _copy_written(a, info.op)
+
+
+def _copy_written(t: XlaSimTensor, op: Any) -> NotImplementedError:
+    source_op = t._copied[3]  # type: ignore[index]
+    return NotImplementedError(
+        f"xlasim: in-place {op} on {source_op}() of a tensor whose values are laid out "
+        f"otherwise (a transposed or permuted one): torch_xla keeps the two views of one "
+        f"value, so the write changes both, while the simulator holds a copy and cannot pass "
+        f"the write on. clone() the view to write into a tensor of its own"
+    )
+
+
 def _class_index_target(func, args, kwargs, at: int):
     """``nll_loss`` with a floating-point target, as XLA's lowering takes it: each sample picks
     the class whose index equals its target value, so a non-integral value picks none (that
@@ -1114,6 +1299,11 @@ _SPECIAL = {
     aten.clone.default: _clone,
     aten.copy_.default: _copy_,
     aten._local_scalar_dense.default: _local_scalar_dense,
+    aten.view.default: _layout_view,
+    aten._unsafe_view.default: _layout_view,
+    aten.view.dtype: _layout_view,
+    aten.view_as_complex.default: _layout_view,
+    aten.view_as_real.default: _layout_view,
 }
 
 
