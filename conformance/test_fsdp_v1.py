@@ -170,7 +170,9 @@ def test_training_equals_eager_and_the_checkpoint_consolidates(xla_target):
     # A fresh wrapper loads the sharded state dict back.
     again = _wrap(_Net())
     again.load_state_dict(model.state_dict())
-    for (name, a), (_, b) in zip(again.state_dict().items(), model.state_dict().items()):
+    for (name, a), (_, b) in zip(
+        again.state_dict().items(), model.state_dict().items(), strict=True
+    ):
         torch.testing.assert_close(a.cpu(), b.cpu(), msg=name)
 
 
