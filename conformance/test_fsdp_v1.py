@@ -201,3 +201,24 @@ def test_what_wrapping_refuses(xla_target):
         FSDP(nn.Linear(2, 2), compute_dtype=torch.float64)
     with pytest.raises(ValueError, match="sharding_rank and sharding_world_size must be"):
         FSDP(nn.Linear(2, 2), sharding_groups=[[0]])
+
+
+def test_coalesced_gathers_refuse_a_pinned_layout(xla_target):
+    import torch_xla
+    from torch_xla.distributed.fsdp import XlaFullyShardedDataParallel as FSDP
+
+    model = FSDP(nn.Linear(4, 2), coalesce_all_gather_ops=True)
+    with pytest.raises(RuntimeError, match=r"list of tensors input, pin_layout=True is not yet"):
+        model(torch.ones(1, 4).to(torch_xla.device()))
+    # Without the pin, parameters sharded along dim 0 are gathered as usual.
+    torch.manual_seed(0)
+    plain = nn.Linear(4, 2)
+    torch.manual_seed(0)
+    model = FSDP(
+        nn.Linear(4, 2),
+        coalesce_all_gather_ops=True,
+        pin_layout_in_collective_ops=False,
+        shard_param_on_dim_0=True,
+    )
+    x = torch.ones(1, 4)
+    torch.testing.assert_close(model(x.to(torch_xla.device())).cpu(), plain(x), **TOL)

@@ -204,3 +204,5 @@ def test_what_collective_fsdp_does_not_simulate_says_so(xlasim_sim):
         XlaFlattenParamsWrapper(nn.Linear(2, 2))
     with pytest.raises(NotImplementedError, match=r"flatten_info"):
         consolidate_sharded_state_dicts([{}], {"world_size": 1, "flatten_info": {"x": 1}})
+    with pytest.raises(NotImplementedError, match=r"coalesce_all_gather_ops=True with flattened"):
+        FSDP(nn.Linear(2, 2), coalesce_all_gather_ops=True, pin_layout_in_collective_ops=False)

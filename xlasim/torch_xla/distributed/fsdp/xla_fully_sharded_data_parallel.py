@@ -172,6 +172,14 @@ class XlaFullyShardedDataParallel(nn.Module):
                 "flatten_parameters=True (parameters concatenated into flat_param_* "
                 "vectors); use the default flatten_parameters=False"
             )
+        flat_shards = not (shard_param_on_dim_0 or _shard_size_multiple == 1)
+        if coalesce_all_gather_ops and not pin_layout_in_collective_ops and flat_shards:
+            raise NotImplementedError(
+                "xlasim does not simulate XlaFullyShardedDataParallel's "
+                "coalesce_all_gather_ops=True with flattened shards (torch_xla 2.9 then never "
+                "gathers the full parameters); use shard_param_on_dim_0=True or "
+                "_shard_size_multiple=1 with it"
+            )
         if compute_dtype is not None and compute_dtype not in FLOAT_DTYPES:
             raise ValueError(f"compute_dtype must be one of {FLOAT_DTYPES}, not {compute_dtype}")
         if buffer_dtype is not None and buffer_dtype not in FLOAT_DTYPES:
@@ -405,6 +413,13 @@ class XlaFullyShardedDataParallel(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         self._lazy_init()
+        if self.coalesce_all_gather_ops and self.pin_layout_in_collective_ops:
+            # torch_xla gathers the coalesced shards with one list all_gather, which refuses
+            # a pinned layout.
+            raise RuntimeError(
+                "For xm.all_gather with list of tensors input, pin_layout=True is not yet "
+                "supported."
+            )
         if self.compute_dtype != torch.float32:
 
             def cast(t: torch.Tensor) -> torch.Tensor:
