@@ -186,6 +186,23 @@ def test_bfloat16_compute_keeps_float32_shards(xla_target):
     assert {p.dtype for p in model.parameters()} == {torch.float32}
     assert {p.grad.dtype for p in model.parameters()} == {torch.float32}
     assert {b.dtype for b in model.buffers() if b.is_floating_point()} == {torch.bfloat16}
+    # A buffer cast on the CPU and then moved loses its note of the original dtype; one
+    # already on the device keeps it (under its name with ``_fpw_module``).
+    assert model.get_shard_metadata()["buffer_info"] == {}
+    on_device = _wrap(_net().to(torch_xla.device()), compute_dtype=torch.bfloat16)
+    assert on_device.get_shard_metadata()["buffer_info"] == {
+        f"_fsdp_wrapped_module._fpw_module.norm.{name}": {"_orig_dtype": torch.float32}
+        for name in ("running_mean", "running_var")
+    }
+
+
+def test_original_names_of_the_shards(xla_target):
+    # torch_xla 2.9 lists the root's own shards once per wrapper in the tree, under that
+    # wrapper's path; the inner wrapper's shards are not listed.
+    pairs = _wrap(_net()).get_original_names_and_sharded_parameters()
+    own = ["head.weight", "head.bias", "norm.weight", "norm.bias"]
+    assert [n for n, _ in pairs] == own + [f"body.0.{n}" for n in own]
+    assert {tuple(p.shape) for _, p in pairs} == {(128,)}
 
 
 def test_what_wrapping_refuses(xla_target):
