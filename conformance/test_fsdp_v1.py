@@ -239,3 +239,66 @@ def test_coalesced_gathers_refuse_a_pinned_layout(xla_target):
     )
     x = torch.ones(1, 4)
     torch.testing.assert_close(model(x.to(torch_xla.device())).cpu(), plain(x), **TOL)
+
+
+def test_flattened_parameters_train_as_eager_and_consolidate(xla_target):
+    import torch_xla
+    from torch_xla.distributed.fsdp import consolidate_sharded_state_dicts
+
+    net = _net()
+    net.norm.bias.requires_grad_(False)
+    model = _wrap(net, flatten_parameters=True)
+    flat = SEP.join(["_fsdp_shard", "_fsdp_wrapped_module", "flat_param_"])
+    inner = "_fsdp_wrapped_module._fpw_module.body.0."
+    # Trainable and frozen parameters are flattened apart: 64 + 4 + 4, then 4; 128 + 16.
+    shapes = [(n, tuple(p.shape), p.requires_grad) for n, p in model.named_parameters()]
+    assert shapes == [
+        (f"{flat}0", (128,), True),
+        (f"{flat}1", (128,), False),
+        (f"{inner}{flat}0", (256,), True),
+    ]
+    meta = model.get_shard_metadata()
+    assert meta["flatten_info"] == {
+        "_fsdp_wrapped_module.flat_param_0": (
+            ["_fpw_module.head.weight", "_fpw_module.head.bias", "_fpw_module.norm.weight"],
+            [torch.Size([4, 16]), torch.Size([4]), torch.Size([4])],
+            [64, 4, 4],
+        ),
+        "_fsdp_wrapped_module.flat_param_1": (["_fpw_module.norm.bias"], [torch.Size([4])], [4]),
+        "_fsdp_wrapped_module.body.0._fsdp_wrapped_module.flat_param_0": (
+            ["_fpw_module.weight", "_fpw_module.bias"],
+            [torch.Size([16, 8]), torch.Size([16])],
+            [128, 16],
+        ),
+    }
+    assert meta["shard_info"][""][f"{flat}0"] == {
+        "_orig_size": torch.Size([72]),
+        "_orig_name": "_fsdp_wrapped_module.flat_param_0",
+    }
+
+    dev = torch_xla.device()
+    losses, model = _train(model, dev)
+    reference = _net()
+    reference.norm.bias.requires_grad_(False)
+    eager_losses, _ = _train(reference, "cpu")
+    torch.testing.assert_close(losses, eager_losses, **TOL)
+    plain_net = _net()
+    plain_net.norm.bias.requires_grad_(False)
+    _, plain = _train(plain_net.to(dev), dev)
+    state = {k: v.cpu() for k, v in model.state_dict().items()}
+    full = consolidate_sharded_state_dicts([state], model.get_shard_metadata())
+    # Buffers first, then the parameters split out of the flat vectors.
+    assert list(full) == [
+        "norm.running_mean",
+        "norm.running_var",
+        "norm.num_batches_tracked",
+        "head.weight",
+        "head.bias",
+        "norm.weight",
+        "norm.bias",
+        "body.0.weight",
+        "body.0.bias",
+    ]
+    expected = plain.state_dict()
+    for name, value in full.items():
+        torch.testing.assert_close(value, expected[name].cpu(), **TOL, msg=name)

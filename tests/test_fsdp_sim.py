@@ -105,6 +105,16 @@ def _fsdp_replica(init: dict[str, torch.Tensor], ckpt_dir: str) -> dict[str, obj
         opt.step()
         losses.append(loss.item())
     out["losses"], out["norms"] = losses, norms
+    flat = wrapped(flatten_parameters=True)
+    flat_opt = torch.optim.SGD(flat.parameters(), lr=0.1, momentum=0.9)
+    out["flat_params"] = [(n, tuple(p.shape)) for n, p in flat.named_parameters()]
+    out["flat_losses"] = []
+    for x, y in _batches():
+        flat_opt.zero_grad()
+        loss = nn.functional.mse_loss(flat(x[rows].to(dev)), y[rows].to(dev))
+        loss.backward()
+        flat_opt.step()
+        out["flat_losses"].append(loss.item())
 
     # Inside no_sync the full gradients wait; the next backward reduce-scatters them with its
     # own: twice the gradient of one backward.
@@ -174,6 +184,16 @@ def test_collective_fsdp_on_four_replicas_trains_as_on_the_global_batch(xlasim_s
         ]
         assert got["dim0"] == [(1, 16), (1,), (4, 8), (4,)]
         torch.testing.assert_close(got["losses"], [step[rank] for step in losses])
+        # Flattened: 64 + 4 and 128 + 16 elements in one vector per wrapper, each within 512.
+        assert got["flat_params"] == [
+            (sep.join(["_fsdp_shard", "_fsdp_wrapped_module", "flat_param_0"]), (128,)),
+            (
+                "_fsdp_wrapped_module._fpw_module.body.0."
+                + sep.join(["_fsdp_shard", "_fsdp_wrapped_module", "flat_param_0"]),
+                (128,),
+            ),
+        ]
+        torch.testing.assert_close(got["flat_losses"], [step[rank] for step in losses])
         torch.testing.assert_close(got["norms"], norms)
         once, accumulated = got["no_sync"]
         for a, b in zip(once, accumulated, strict=True):
@@ -191,18 +211,13 @@ def test_collective_fsdp_on_four_replicas_trains_as_on_the_global_batch(xlasim_s
 
 def test_what_collective_fsdp_does_not_simulate_says_so(xlasim_sim):
     from torch_xla.distributed.fsdp import XlaFullyShardedDataParallel as FSDP
-    from torch_xla.distributed.fsdp import consolidate_sharded_state_dicts
     from torch_xla.distributed.fsdp.xla_flatten_params_wrapper import XlaFlattenParamsWrapper
 
-    with pytest.raises(NotImplementedError, match=r"flatten_parameters=True"):
-        FSDP(nn.Linear(2, 2), flatten_parameters=True)
     with pytest.raises(NotImplementedError, match=r"_debug_dummy_forward_pass=True"):
         FSDP(nn.Linear(2, 2), _debug_dummy_forward_pass=True)
     with pytest.raises(NotImplementedError, match=r"_debug_dummy_reduce_scatter_op=True"):
         FSDP(nn.Linear(2, 2), _debug_dummy_reduce_scatter_op=True)
-    with pytest.raises(NotImplementedError, match=r"XlaFlattenParamsWrapper flattening"):
+    with pytest.raises(NotImplementedError, match=r"auto_unflatten_state_dict=True"):
         XlaFlattenParamsWrapper(nn.Linear(2, 2))
-    with pytest.raises(NotImplementedError, match=r"flatten_info"):
-        consolidate_sharded_state_dicts([{}], {"world_size": 1, "flatten_info": {"x": 1}})
     with pytest.raises(NotImplementedError, match=r"coalesce_all_gather_ops=True with flattened"):
         FSDP(nn.Linear(2, 2), coalesce_all_gather_ops=True, pin_layout_in_collective_ops=False)

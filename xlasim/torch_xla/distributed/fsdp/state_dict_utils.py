@@ -38,13 +38,14 @@ def consolidate_sharded_state_dicts(
     rank 0, in their original dtype."""
     assert len(state_dict_list) == shard_metadata["world_size"]
     buffer_info = shard_metadata.get("buffer_info", {})
+    # Names keep the wrapper levels until the end: flatten_info is keyed by them.
     full: OrderedDict[str, Any] = OrderedDict()
     for key, value in state_dict_list[0].items():
         where = _split_shard_key(key)
         if where is None:
             if key in buffer_info:
                 value = value.to(buffer_info[key]["_orig_dtype"])
-            full[_plain_name(key)] = value
+            full[key] = value
             continue
         wrapper_path, shard_name = where
         info = shard_metadata["shard_info"][wrapper_path][shard_name]
@@ -55,14 +56,19 @@ def consolidate_sharded_state_dicts(
         else:
             # Shards cut along dim 0 only (shard_param_on_dim_0=True).
             joined = joined[: orig_size[0]]
-        name = info["_orig_name"] if not wrapper_path else f"{wrapper_path}.{info['_orig_name']}"
-        full[_plain_name(name)] = joined
-    if shard_metadata.get("flatten_info"):
-        raise NotImplementedError(
-            "xlasim does not simulate consolidating flattened parameters "
-            "(flatten_parameters=True checkpoints with flatten_info)"
+        full[f"{wrapper_path}.{info['_orig_name']}" if wrapper_path else info["_orig_name"]] = (
+            joined
         )
-    return full
+    # Flattened vectors (flatten_parameters=True) are split back into their parameters, which
+    # then come after everything else, as in torch_xla.
+    flatten_info = shard_metadata.get("flatten_info", {})
+    for key in [k for k in full if k in flatten_info]:
+        vector = full.pop(key)
+        names, shapes, numels = flatten_info[key]
+        prefix = key.rpartition(".")[0]
+        for name, shape, part in zip(names, shapes, vector.split(list(numels)), strict=True):
+            full[f"{prefix}.{name}" if prefix else name] = part.view(shape)
+    return OrderedDict((_plain_name(k), v) for k, v in full.items())
 
 
 def consolidate_sharded_model_checkpoints(

@@ -166,12 +166,6 @@ class XlaFullyShardedDataParallel(nn.Module):
                     f"xlasim does not simulate XlaFullyShardedDataParallel's {name}=True "
                     "(a debugging stand-in for the real computation)"
                 )
-        if flatten_parameters:
-            raise NotImplementedError(
-                "xlasim does not simulate XlaFullyShardedDataParallel's "
-                "flatten_parameters=True (parameters concatenated into flat_param_* "
-                "vectors); use the default flatten_parameters=False"
-            )
         flat_shards = not (shard_param_on_dim_0 or _shard_size_multiple == 1)
         if coalesce_all_gather_ops and not pin_layout_in_collective_ops and flat_shards:
             raise NotImplementedError(
@@ -237,7 +231,9 @@ class XlaFullyShardedDataParallel(nn.Module):
         self.compute_dtype = compute_dtype or torch.float32
         self.buffer_dtype = buffer_dtype or self.compute_dtype
         self.fp32_reduce_scatter = fp32_reduce_scatter
-        self._shard_param_on_dim_0 = shard_param_on_dim_0
+        # Flattened vectors are never cut along a dim 0 of their own; the 128-element multiple
+        # is dropped whenever dim-0 sharding was asked for, as torch_xla does.
+        self._shard_param_on_dim_0 = shard_param_on_dim_0 and not flatten_parameters
         self._shard_size_multiple = 1 if shard_param_on_dim_0 else _shard_size_multiple
         self._use_xla_patched_linear = _use_xla_patched_linear
         self.coalesce_all_gather_ops = coalesce_all_gather_ops
@@ -254,8 +250,17 @@ class XlaFullyShardedDataParallel(nn.Module):
         self._reduce_scatter_scale = 1.0
 
         _materialize(module, param_init_fn)
+        groups: list[list[nn.Parameter]] = [[]]
+        if flatten_parameters:
+            # Parameters an inner wrapper already sharded stay out; trainable and frozen ones
+            # are flattened apart.
+            own = [p for p in module.parameters() if not getattr(p, "_is_sharded", False)]
+            groups = [[p for p in own if p.requires_grad]]
+            frozen = [p for p in own if not p.requires_grad]
+            if frozen:
+                groups.append(frozen)
         self._fsdp_wrapped_module: nn.Module = XlaFlattenParamsWrapper(
-            module, param_list=[[]], auto_unflatten_state_dict=False
+            module, param_list=groups, auto_unflatten_state_dict=False
         )
         self.xla_device = torch_xla.device()
         self._shard_parameters()
@@ -555,9 +560,16 @@ class XlaFullyShardedDataParallel(nn.Module):
             for name, buf in self.named_buffers()
             if buf is not None and hasattr(buf, "_orig_dtype")
         }
+        flatten_info = {}
+        for module_name, m in self.named_modules(remove_duplicate=False):
+            if isinstance(m, XlaFlattenParamsWrapper):
+                path = module_name.replace("_fpw_module.", "")
+                for i in range(len(m.flat_param_names)):
+                    key = f"{path}.flat_param_{i}" if path else f"flat_param_{i}"
+                    flatten_info[key] = m.metadata(i)
         return {
             "shard_info": shard_info,
-            "flatten_info": {},
+            "flatten_info": flatten_info,
             "buffer_info": buffer_info,
             "world_size": self.world_size,
             "rank": self.rank,
