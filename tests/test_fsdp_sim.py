@@ -105,6 +105,17 @@ def _fsdp_replica(init: dict[str, torch.Tensor], ckpt_dir: str) -> dict[str, obj
         opt.step()
         losses.append(loss.item())
     out["losses"], out["norms"] = losses, norms
+    # Two sharding groups of two: each pair trains on its own half of the batch.
+    pair = wrapped(sharding_groups=[[0, 1], [2, 3]], sharding_rank=rank % 2, sharding_world_size=2)
+    pair_opt = torch.optim.SGD(pair.parameters(), lr=0.1, momentum=0.9)
+    out["pair_shapes"] = [tuple(p.shape) for p in pair.parameters()]
+    out["pair_losses"] = []
+    for x, y in _batches():
+        pair_opt.zero_grad()
+        loss = nn.functional.mse_loss(pair(x[rows].to(dev)), y[rows].to(dev))
+        loss.backward()
+        pair_opt.step()
+        out["pair_losses"].append(loss.item())
     flat = wrapped(flatten_parameters=True)
     flat_opt = torch.optim.SGD(flat.parameters(), lr=0.1, momentum=0.9)
     out["flat_params"] = [(n, tuple(p.shape)) for n, p in flat.named_parameters()]
@@ -169,6 +180,26 @@ def test_collective_fsdp_on_four_replicas_trains_as_on_the_global_batch(xlasim_s
         opt.step()
         losses.append([q.item() for q in quarter])
 
+    pair_losses = {}
+    for group in ([0, 1], [2, 3]):
+        reference_pair = _Net()
+        reference_pair.load_state_dict(init)
+        opt = torch.optim.SGD(reference_pair.parameters(), lr=0.1, momentum=0.9)
+        for r in group:
+            pair_losses[r] = []
+        for x, y in _batches():
+            opt.zero_grad()
+            halves = {
+                r: nn.functional.mse_loss(
+                    reference_pair(x[4 * r : 4 * r + 4]), y[4 * r : 4 * r + 4]
+                )
+                for r in group
+            }
+            (sum(halves.values()) / 2).backward()
+            opt.step()
+            for r, value in halves.items():
+                pair_losses[r].append(value.item())
+
     sep = "_FSDP_SHARD_SEPARATOR_"
     own = sep.join(["_fsdp_shard", "_fsdp_wrapped_module", "_fpw_module", "head"])
     inner = "_fsdp_wrapped_module._fpw_module.body.0." + sep.join(
@@ -195,6 +226,9 @@ def test_collective_fsdp_on_four_replicas_trains_as_on_the_global_batch(xlasim_s
         ]
         torch.testing.assert_close(got["flat_losses"], [step[rank] for step in losses])
         torch.testing.assert_close(got["norms"], norms)
+        # 64, 4, 128 and 16 elements padded to a multiple of 2 * 128, split in two.
+        assert got["pair_shapes"] == [(128,), (128,), (128,), (128,)]
+        torch.testing.assert_close(got["pair_losses"], pair_losses[rank])
         once, accumulated = got["no_sync"]
         for a, b in zip(once, accumulated, strict=True):
             torch.testing.assert_close(b, 2 * a)

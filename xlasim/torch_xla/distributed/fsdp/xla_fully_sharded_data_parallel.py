@@ -142,7 +142,8 @@ class XlaFullyShardedDataParallel(nn.Module):
                 "Cannot wrap a module that is already wrapped with FSDP. For nested FSDP, "
                 "first wrap the inner child modules before wrapping the outer parent module."
             )
-        forward = getattr(type(module), "forward", None)
+        # The forward the instance will run (a patched one counts, e.g. checkpoint_module's).
+        forward = getattr(getattr(module, "forward", None), "__func__", None)
         if forward is None or forward is nn.Module.forward:
             raise RuntimeError(
                 "The module wrapped by FSDP *must define a `forward` method and call it "
