@@ -302,3 +302,38 @@ def test_flattened_parameters_train_as_eager_and_consolidate(xla_target):
     expected = plain.state_dict()
     for name, value in full.items():
         torch.testing.assert_close(value, expected[name].cpu(), **TOL, msg=name)
+
+
+def test_no_sync_accumulates_until_the_next_synchronized_backward(xla_target):
+    import torch_xla
+
+    model = _wrap(_net())
+    x = torch.randn(8, 8).to(torch_xla.device())
+    model(x).square().mean().backward()
+    once = [p.grad.cpu() for p in model.parameters()]
+    model.zero_grad()
+    with model.no_sync():
+        model(x).square().mean().backward()
+    assert [p.grad for p in model.parameters()] == [None] * len(once)
+    model(x).square().mean().backward()
+    for a, b in zip(once, model.parameters(), strict=True):
+        torch.testing.assert_close(b.grad.cpu(), 2 * a, **TOL)
+
+
+def test_a_module_on_the_meta_device_is_materialized(xla_target):
+    from torch_xla.distributed.fsdp import XlaFullyShardedDataParallel as FSDP
+
+    # Without param_init_fn: on the CPU, by the module's reset_parameters().
+    model = FSDP(nn.Linear(4, 2, device="meta"))
+    shards = [p.detach().cpu() for p in model.parameters()]
+    assert [tuple(s.shape) for s in shards] == [(128,), (128,)]
+    assert shards[0][:8].abs().max() > 0 and not shards[0][8:].any()
+
+    def fill(module: nn.Module) -> None:
+        module.to_empty(device="cpu")
+        with torch.no_grad():
+            for p in module.parameters():
+                p.fill_(0.5)
+
+    model = FSDP(nn.Linear(4, 2, device="meta"), param_init_fn=fill)
+    assert [p.detach().cpu()[:2].tolist() for p in model.parameters()] == [[0.5, 0.5]] * 2
