@@ -9,7 +9,8 @@ global batch computes. Each parameter is flattened, padded to a multiple of
 along dim 0 to a multiple of ``world_size``) and split evenly; the shard is registered on
 the wrapper as ``_fsdp_shard.<name relative to the wrapper>`` with ``.`` spelled
 ``_FSDP_SHARD_SEPARATOR_``, which is what ``parameters()``, ``named_parameters()`` and
-``state_dict()`` show, as in torch_xla.
+``state_dict()`` show, as in torch_xla. With ``flatten_parameters=True`` the parameters
+sharded are each wrapper's ``flat_param_<i>`` vectors (see ``xla_flatten_params_wrapper``).
 
 The gather is one autograd function per parameter, whose backward is the reduce-scatter:
 gradients land on the shards directly (torch_xla gets the same result from hooks on the
