@@ -1,7 +1,7 @@
-"""``torch_xla.distributed.fsdp`` on the simulator: the auto-wrap policies (``wrap``) that
-FSDPv2 (``torch_xla.experimental.spmd_fully_sharded_data_parallel``) uses, and
-``checkpoint_module``. The collective-based FSDP (``XlaFullyShardedDataParallel``) and its
-checkpoint consolidation are present but raise ``NotImplementedError``."""
+"""``torch_xla.distributed.fsdp`` on the simulator: the collective-based FSDP
+(``XlaFullyShardedDataParallel``, one process per device) with its checkpoint consolidation,
+the auto-wrap policies (``wrap``) that it and FSDPv2
+(``torch_xla.experimental.spmd_fully_sharded_data_parallel``) use, and ``checkpoint_module``."""
 
 from torch_xla.distributed.fsdp.state_dict_utils import (
     consolidate_sharded_model_checkpoints,
