@@ -41,6 +41,38 @@ def test_sync_batch_norm_matches_batch_norm_in_one_replica(xla_target):
     torch.testing.assert_close(bn(flat.to(dev)).cpu(), ref)
 
 
+def test_batch_norm_running_variance_follows_the_biased_batch_variance(xla_target):
+    """torch_xla's BatchNorm moves running_var towards the batch's biased variance (PyTorch's
+    CPU kernel: the unbiased one); the output, running_mean and the gradient are PyTorch's."""
+    import torch_xla
+
+    dev = torch_xla.device()
+    gen = torch.Generator().manual_seed(0)
+    batch = torch.randn(2, 3, generator=gen)  # two samples: the two variances differ by 2x
+    images = torch.randn(4, 3, 5, 5, generator=gen)
+    for layer, x in ((torch.nn.BatchNorm1d(3), batch), (torch.nn.BatchNorm2d(3), images)):
+        on_cpu = torch.nn.BatchNorm1d(3) if x.dim() == 2 else torch.nn.BatchNorm2d(3)
+        layer = layer.to(dev)
+        xd = x.to(dev).requires_grad_()
+        xc = x.clone().requires_grad_()
+        layer(xd).square().sum().backward()
+        on_cpu(xc).square().sum().backward()
+        torch_xla.sync()
+        dims = [d for d in range(x.dim()) if d != 1]
+        torch.testing.assert_close(
+            layer.running_var.cpu(), 0.9 + 0.1 * x.var(dim=dims, unbiased=False)
+        )
+        torch.testing.assert_close(on_cpu.running_var, 0.9 + 0.1 * x.var(dim=dims))
+        torch.testing.assert_close(layer.running_mean.cpu(), on_cpu.running_mean)
+        torch.testing.assert_close(xd.grad.cpu(), xc.grad, rtol=1e-4, atol=1e-4)
+    layer.momentum = None  # a cumulative average: the first batch's statistics themselves
+    layer.reset_running_stats()
+    layer(images.to(dev))
+    torch_xla.sync()
+    expected = images.var(dim=(0, 2, 3), unbiased=False)
+    torch.testing.assert_close(layer.running_var.cpu(), expected)
+
+
 def test_distributed_mm_in_one_replica(xla_target):
     import torch_xla
     import torch_xla.core.functions as xf

@@ -580,8 +580,7 @@ def _batch_norm_functional(
     out, mean, rstd, axes = _batch_norm(x, weight, bias, running_mean, running_var, training, eps)
     if not training:
         return out, mean, rstd, running_mean, running_var
-    n = math.prod(x.shape[a] for a in axes)
-    var = jnp.var(x, axis=axes) * n / max(n - 1, 1)  # running variance is unbiased
+    var = jnp.var(x, axis=axes)  # torch_xla's running variance follows the biased one
     new_mean = (1 - momentum) * running_mean + momentum * mean
     return out, mean, rstd, new_mean, (1 - momentum) * running_var + momentum * var
 

@@ -1290,7 +1290,26 @@ def _nll_backward(func, args, kwargs):
     return _class_index_target(func, args, kwargs, 2)
 
 
+def _native_batch_norm(func, args, kwargs):
+    """torch_xla moves the running variance towards the batch's *biased* variance (the one
+    XLA's BatchNormTraining gives, on every device), where PyTorch's kernel (and so the CPU op
+    the simulator runs) uses the unbiased one; the output and saved statistics agree."""
+    names = ("input", "weight", "bias", "running_mean", "running_var", "training", "momentum")
+    given = dict(zip(names, args, strict=False)) | {k: v for k, v in kwargs.items() if k in names}
+    running_var = given.get("running_var")
+    if not given.get("training") or not isinstance(running_var, XlaSimTensor):
+        return _run_op(func, args, kwargs)
+    before = running_var._elem.clone()
+    out = _run_op(func, args, kwargs)
+    x = given["input"]._elem
+    momentum = given["momentum"]
+    batch_var = x.var(dim=[d for d in range(x.dim()) if d != 1], unbiased=False)
+    running_var._elem.copy_(batch_var * momentum + before * (1 - momentum))
+    return out
+
+
 _SPECIAL = {
+    aten.native_batch_norm.default: _native_batch_norm,
     aten.nll_loss_forward.default: _nll_forward,
     aten.nll_loss_backward.default: _nll_backward,
     aten.nll_loss2d_forward.default: _nll_forward,
