@@ -61,10 +61,11 @@ def _map_tensors(fn: Callable[[torch.Tensor], Any], value: Any) -> Any:
 def _predivide_factor(world_size: int) -> float:
     # The gradient is divided in two steps, before and after the sum, by powers of two near
     # sqrt(world_size), as torch_xla does (it keeps low-precision sums in range).
-    factor = 1
-    while world_size % factor == 0 and world_size / factor > factor:
-        factor *= 2
-    return float(factor)
+    # The first power of two that no longer divides world_size or whose square reaches it.
+    power = 0
+    while world_size % (1 << power) == 0 and (1 << (2 * power)) < world_size:
+        power += 1
+    return float(1 << power)
 
 
 def _materialize(module: nn.Module, param_init_fn: Callable[[nn.Module], None] | None) -> None:
