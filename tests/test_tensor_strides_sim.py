@@ -111,3 +111,30 @@ def test_manual_sharded_values_are_viewed_per_device(xlasim_sim):
     full = xs.disable_manual_sharding(flat, (1,), (32,)).global_tensor
     expected = torch.cat([x[:, 2 * d : 2 * d + 2].t().reshape(8) for d in range(4)])
     assert torch.equal(full.cpu(), expected)
+
+
+def test_writes_are_counted_only_while_a_copy_of_their_storage_is_held(xlasim_sim):
+    """The write counts that tell a stale copy are kept per source storage only while some
+    copied view of it lives: a long training loop with one such view per step keeps none."""
+    import gc
+
+    import torch_xla
+
+    from xlasim.runtime import tensor as sim_tensor
+
+    dev = torch_xla.device()
+    gc.collect()
+    earlier = set(sim_tensor._WATCHED)  # copies other tests in this process still hold
+    for _ in range(20):
+        x = torch.randn(4, 8, device=dev)
+        y = x.transpose(0, 1).contiguous().view(32)  # attention's reshape of heads: a copy
+        (y * 2).sum().item()
+        x.add_(1)  # written after: the copy is stale, nobody reads it
+    base = _grid(dev)
+    held = base.t().reshape(12)
+    gc.collect()
+    # the last loop's copy and this one
+    assert len(set(sim_tensor._WATCHED) - earlier) == 2
+    del x, y, held
+    gc.collect()
+    assert set(sim_tensor._WATCHED) <= earlier

@@ -250,7 +250,7 @@ def _identity(info: _OpInfo, src: XlaSimTensor, kwargs: Any = None) -> XlaSimTen
     if src._copied is not None:
         _check_copy_fresh(src)
         if info.op is not aten.clone.default:  # an alias holds the same copy
-            out._copied = src._copied
+            _hold_copy(out, src._copied)
     out._sharding = src._sharding
     out._buf = src._buf  # the same value: one buffer
     # The alias holds the same data in the same state (on the host still, moved at the same
@@ -1211,7 +1211,8 @@ def _mark_copied(out: XlaSimTensor, src: XlaSimTensor, func: Any) -> XlaSimTenso
     source = src._elem
     if not source.is_meta:  # a dry run's values are shapes only: nothing to keep in step
         storage = source.untyped_storage().data_ptr()
-        out._copied = (source, storage, _WRITES.get(storage, 0), func.overloadpacket.__name__)
+        writes = _WATCHED[storage][0] if storage in _WATCHED else 0
+        _hold_copy(out, (source, storage, writes, func.overloadpacket.__name__))
         _COPIES_SEEN = True
     return out
 
@@ -1219,15 +1220,33 @@ def _mark_copied(out: XlaSimTensor, src: XlaSimTensor, func: Any) -> XlaSimTenso
 _COPYING_VIEWS: dict[Any, _OpInfo] = {}
 
 
-# Once a view has been copied: the writes into each storage that device tensors hold (the
-# sim's in-place ops run below autograd, where CPU tensors count no versions).
-_WRITES: dict[int, int] = {}
+# The storages that copied views were taken from (each kept alive by its views, so its
+# address names it): writes into it so far, and how many device tensors hold such a copy.
+# Counted here because the simulator's in-place ops run below autograd, where CPU tensors
+# count no versions; a storage leaves once no copy of it is held, so the table stays small.
+_WATCHED: dict[int, list[int]] = {}
+
+
+def _hold_copy(t: XlaSimTensor, copied: tuple[torch.Tensor, int, int, str]) -> None:
+    storage = copied[1]
+    _WATCHED.setdefault(storage, [0, 0])[1] += 1
+    weakref.finalize(t, _release_copy, storage)
+    t._copied = copied
+
+
+def _release_copy(storage: int) -> None:
+    entry = _WATCHED.get(storage)
+    if entry is not None:
+        entry[1] -= 1
+        if entry[1] <= 0:
+            del _WATCHED[storage]
 
 
 def _count_write(value: torch.Tensor) -> None:
     if not value.is_meta:
-        storage = value.untyped_storage().data_ptr()
-        _WRITES[storage] = _WRITES.get(storage, 0) + 1
+        entry = _WATCHED.get(value.untyped_storage().data_ptr())
+        if entry is not None:
+            entry[0] += 1
 
 
 def _inherit_copy(src: Any, out: Any) -> None:
@@ -1237,12 +1256,12 @@ def _inherit_copy(src: Any, out: Any) -> None:
         return
     for o in out if isinstance(out, (tuple, list)) else (out,):
         if type(o) is XlaSimTensor and o._copied is None:
-            o._copied = copied
+            _hold_copy(o, copied)
 
 
 def _check_copy_fresh(t: XlaSimTensor) -> None:
     _, storage, writes, op = t._copied  # type: ignore[misc]
-    if _WRITES.get(storage, 0) != writes:
+    if _WATCHED.get(storage, (writes,))[0] != writes:
         raise NotImplementedError(
             f"xlasim: this tensor is {op}() of a tensor whose values are laid out otherwise "
             f"(a transposed or permuted one), and that tensor has been written in place since; "
