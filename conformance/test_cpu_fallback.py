@@ -9,6 +9,8 @@ PJRT CPU.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -30,6 +32,9 @@ def _fallback_counters():
             "aten::searchsorted.Tensor",
         ),
         ("median", lambda a, b: a.median(), "aten::median"),
+        # lowered only under XLA_EXPERIMENTAL (a dynamic output shape): a fallback by default
+        ("nonzero", lambda a, b: (a > 0.5).nonzero(), "aten::nonzero"),
+        ("masked_select", lambda a, b: a.masked_select(b > 0.5), "aten::masked_select"),
         ("lowered", lambda a, b: (a * b).kthvalue(2, dim=1).values, None),
     ],
 )
@@ -85,3 +90,35 @@ def test_under_spmd_the_barrier_replicates_a_fallback_result(xla_target):
     assert "Data Shape: c64[16,4]\n  OpSharding: {replicated}" in info
     # ...while the tensor itself still reports no sharding of its own.
     assert torch_xla._XLAC._get_xla_sharding_spec(cis) == ""
+
+
+def test_boolean_mask_indices_go_through_nonzero(xla_target):
+    """A mask among the indices (``x[mask]``, ``x[mask] = v``) becomes the integer indices of
+    its true elements through ``nonzero``, which runs on the CPU fallback: the mask's graph
+    runs first, then the indexing's own."""
+    import torch_xla
+    import torch_xla.debug.metrics as met
+
+    def samples(name):
+        data = met.metric_data(name)
+        return data[0] if data else 0
+
+    x = torch.arange(12.0).view(3, 4).to("xla")
+    torch_xla.sync()
+    met.clear_all()
+    assert x[x > 4].cpu().tolist() == [5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0]
+    assert (samples("CompileTime"), samples("ExecuteTime")) == (2, 2)
+    assert _fallback_counters() == {"aten::nonzero": 1}
+    met.clear_all()
+    rows = torch.tensor([True, False, True]).to("xla")
+    assert x[rows, 1:].cpu().tolist() == [[1.0, 2.0, 3.0], [9.0, 10.0, 11.0]]
+    assert x[1, torch.tensor([True, False, True, True]).to("xla")].cpu().tolist() == [4, 6, 7]
+    assert _fallback_counters() == {"aten::nonzero": 2}
+    x[x > 9] += 100
+    assert x.cpu()[2].tolist() == [8.0, 9.0, 110.0, 111.0]
+    message = (
+        "Check failed: index->size(j) == self.size(src_idx) (2 vs. 3)The shape of the mask [2] "
+        "at index 0 does not match the shape of the indexed tensor [3, 4] at index 0"
+    )
+    with pytest.raises(RuntimeError, match=re.escape(message)):
+        x[torch.tensor([True, False]).to("xla")]

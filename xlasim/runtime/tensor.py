@@ -1309,6 +1309,43 @@ def _nll_backward(func, args, kwargs):
     return _class_index_target(func, args, kwargs, 2)
 
 
+_MASK_DTYPES = (torch.bool, torch.uint8)
+
+
+def _masked_indices(func, args, kwargs):
+    """``index``/``index_put`` with a boolean mask among the indices. ATen turns a mask into
+    the integer indices of its true elements before torch_xla's kernel sees it, through
+    ``nonzero``, which torch_xla runs on its CPU fallback (the mask's graph runs first, the
+    call counts ``aten::nonzero``); the op then indexes with those integers, as here."""
+    self, indices = args[0], args[1]
+    if not any(isinstance(i, torch.Tensor) and i.dtype in _MASK_DTYPES for i in indices):
+        return _run_op(func, args, kwargs)
+    expanded: list[Any] = []
+    dim = 0
+    for index in indices:
+        if not (isinstance(index, torch.Tensor) and index.dtype in _MASK_DTYPES):
+            expanded.append(index)
+            dim += 1
+            continue
+        if dim + index.dim() > self.dim():
+            return _run_op(func, args, kwargs)  # PyTorch's own error: too many indices
+        for j, size in enumerate(index.shape):
+            if size != self.shape[dim + j]:
+                raise _mask_misfit(index, j, self, dim + j)
+        expanded.extend(index.nonzero().unbind(1))
+        dim += index.dim()
+    return func(self, expanded, *args[2:], **kwargs)
+
+
+def _mask_misfit(mask: torch.Tensor, j: int, self: torch.Tensor, at: int) -> RuntimeError:
+    """torch_xla's check of a mask against the dims it indexes (its message, verbatim)."""
+    return RuntimeError(
+        f"Check failed: index->size(j) == self.size(src_idx) ({mask.shape[j]} vs. "
+        f"{self.shape[at]})The shape of the mask {list(mask.shape)} at index {j} does not "
+        f"match the shape of the indexed tensor {list(self.shape)} at index {at}"
+    )
+
+
 def _native_batch_norm(func, args, kwargs):
     """torch_xla moves the running variance towards the batch's *biased* variance (the one
     XLA's BatchNormTraining gives, on every device), where PyTorch's kernel (and so the CPU op
@@ -1329,6 +1366,10 @@ def _native_batch_norm(func, args, kwargs):
 
 _SPECIAL = {
     aten.native_batch_norm.default: _native_batch_norm,
+    aten.index.Tensor: _masked_indices,
+    aten.index_put.default: _masked_indices,
+    aten.index_put_.default: _masked_indices,
+    aten._index_put_impl_.default: _masked_indices,
     aten.nll_loss_forward.default: _nll_forward,
     aten.nll_loss_backward.default: _nll_backward,
     aten.nll_loss2d_forward.default: _nll_forward,
