@@ -137,9 +137,21 @@ def _train(model: nn.Module, device, steps: int = 3) -> tuple[list[float], nn.Mo
     return losses, model
 
 
+def _assert_consolidates_to(model: nn.Module, plain: nn.Module, names: list[str]) -> None:
+    """The wrapper's one-rank checkpoint consolidates to ``names``, in that order, with the
+    values of ``plain`` (the unwrapped model trained the same way)."""
+    from torch_xla.distributed.fsdp import consolidate_sharded_state_dicts
+
+    state = {k: v.cpu() for k, v in model.state_dict().items()}
+    full = consolidate_sharded_state_dicts([state], model.get_shard_metadata())
+    assert list(full) == names
+    expected = plain.state_dict()
+    for name, value in full.items():
+        torch.testing.assert_close(value, expected[name].cpu(), **TOL, msg=name)
+
+
 def test_training_equals_eager_and_the_checkpoint_consolidates(xla_target):
     import torch_xla
-    from torch_xla.distributed.fsdp import consolidate_sharded_state_dicts
 
     dev = torch_xla.device()
     losses, model = _train(_wrap(_net()), dev)
@@ -150,22 +162,21 @@ def test_training_equals_eager_and_the_checkpoint_consolidates(xla_target):
     # unbiased one.
     _, plain = _train(_net().to(dev), dev)
 
-    state = {k: v.cpu() for k, v in model.state_dict().items()}
-    full = consolidate_sharded_state_dicts([state], model.get_shard_metadata())
-    assert list(full) == [
-        "head.weight",
-        "head.bias",
-        "norm.weight",
-        "norm.bias",
-        "body.0.weight",
-        "body.0.bias",
-        "norm.running_mean",
-        "norm.running_var",
-        "norm.num_batches_tracked",
-    ]
-    expected = plain.state_dict()
-    for name, value in full.items():
-        torch.testing.assert_close(value, expected[name].cpu(), **TOL, msg=name)
+    _assert_consolidates_to(
+        model,
+        plain,
+        [
+            "head.weight",
+            "head.bias",
+            "norm.weight",
+            "norm.bias",
+            "body.0.weight",
+            "body.0.bias",
+            "norm.running_mean",
+            "norm.running_var",
+            "norm.num_batches_tracked",
+        ],
+    )
 
     # A fresh wrapper loads the sharded state dict back.
     again = _wrap(_Net())
@@ -243,7 +254,6 @@ def test_coalesced_gathers_refuse_a_pinned_layout(xla_target):
 
 def test_flattened_parameters_train_as_eager_and_consolidate(xla_target):
     import torch_xla
-    from torch_xla.distributed.fsdp import consolidate_sharded_state_dicts
 
     net = _net()
     net.norm.bias.requires_grad_(False)
@@ -285,23 +295,22 @@ def test_flattened_parameters_train_as_eager_and_consolidate(xla_target):
     plain_net = _net()
     plain_net.norm.bias.requires_grad_(False)
     _, plain = _train(plain_net.to(dev), dev)
-    state = {k: v.cpu() for k, v in model.state_dict().items()}
-    full = consolidate_sharded_state_dicts([state], model.get_shard_metadata())
     # Buffers first, then the parameters split out of the flat vectors.
-    assert list(full) == [
-        "norm.running_mean",
-        "norm.running_var",
-        "norm.num_batches_tracked",
-        "head.weight",
-        "head.bias",
-        "norm.weight",
-        "norm.bias",
-        "body.0.weight",
-        "body.0.bias",
-    ]
-    expected = plain.state_dict()
-    for name, value in full.items():
-        torch.testing.assert_close(value, expected[name].cpu(), **TOL, msg=name)
+    _assert_consolidates_to(
+        model,
+        plain,
+        [
+            "norm.running_mean",
+            "norm.running_var",
+            "norm.num_batches_tracked",
+            "head.weight",
+            "head.bias",
+            "norm.weight",
+            "norm.bias",
+            "body.0.weight",
+            "body.0.bias",
+        ],
+    )
 
 
 def test_no_sync_accumulates_until_the_next_synchronized_backward(xla_target):

@@ -96,6 +96,18 @@ def _fsdp_replica(init: dict[str, torch.Tensor], ckpt_dir: str) -> dict[str, obj
     }
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     rows = slice(4 * rank, 4 * rank + 4)
+
+    def train(module: nn.Module, optimizer: torch.optim.Optimizer) -> list[float]:
+        """This replica's losses over the batches (its quarter of each)."""
+        losses = []
+        for x, y in _batches():
+            optimizer.zero_grad()
+            loss = nn.functional.mse_loss(module(x[rows].to(dev)), y[rows].to(dev))
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+        return losses
+
     losses, norms = [], []
     for x, y in _batches():
         opt.zero_grad()
@@ -109,23 +121,11 @@ def _fsdp_replica(init: dict[str, torch.Tensor], ckpt_dir: str) -> dict[str, obj
     pair = wrapped(sharding_groups=[[0, 1], [2, 3]], sharding_rank=rank % 2, sharding_world_size=2)
     pair_opt = torch.optim.SGD(pair.parameters(), lr=0.1, momentum=0.9)
     out["pair_shapes"] = [tuple(p.shape) for p in pair.parameters()]
-    out["pair_losses"] = []
-    for x, y in _batches():
-        pair_opt.zero_grad()
-        loss = nn.functional.mse_loss(pair(x[rows].to(dev)), y[rows].to(dev))
-        loss.backward()
-        pair_opt.step()
-        out["pair_losses"].append(loss.item())
+    out["pair_losses"] = train(pair, pair_opt)
     flat = wrapped(flatten_parameters=True)
     flat_opt = torch.optim.SGD(flat.parameters(), lr=0.1, momentum=0.9)
     out["flat_params"] = [(n, tuple(p.shape)) for n, p in flat.named_parameters()]
-    out["flat_losses"] = []
-    for x, y in _batches():
-        flat_opt.zero_grad()
-        loss = nn.functional.mse_loss(flat(x[rows].to(dev)), y[rows].to(dev))
-        loss.backward()
-        flat_opt.step()
-        out["flat_losses"].append(loss.item())
+    out["flat_losses"] = train(flat, flat_opt)
 
     # Inside no_sync the full gradients wait; the next backward reduce-scatters them with its
     # own: twice the gradient of one backward.

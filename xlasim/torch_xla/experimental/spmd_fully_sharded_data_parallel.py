@@ -16,7 +16,7 @@ import torch
 import torch_xla
 import torch_xla.distributed.spmd as spmd
 from torch import nn
-from torch_xla.distributed.fsdp.wrap import recursive_wrap
+from torch_xla.distributed.fsdp.wrap import _wrap_children
 
 __all__ = ["SpmdFullyShardedDataParallel"]
 
@@ -113,21 +113,14 @@ class SpmdFullyShardedDataParallel(nn.Module):
         mesh: spmd.Mesh,
         shard_output: Callable[[Any, spmd.Mesh], None] | None,
     ) -> None:
-        for name, sub in module.named_modules():
-            if isinstance(sub, SpmdFullyShardedDataParallel):
-                raise ValueError(
-                    f"Expected {name} to NOT be SpmdFullyShardedDataParallel "
-                    "if using an `auto_wrap_policy`"
-                )
         # The children share the mesh and the output sharding; extra_data_axis and the policy
         # itself stay with the outermost wrapper, as in torch_xla.
-        recursive_wrap(
-            module=module,
-            auto_wrap_policy=policy,
-            wrapper_cls=wrapper or SpmdFullyShardedDataParallel,
-            ignored_modules=[],
-            ignored_params=[],
-            only_wrap_children=True,
+        _wrap_children(
+            module,
+            policy,
+            wrapper or SpmdFullyShardedDataParallel,
+            SpmdFullyShardedDataParallel,
+            "SpmdFullyShardedDataParallel",
             mesh=mesh,
             shard_output=shard_output,
         )

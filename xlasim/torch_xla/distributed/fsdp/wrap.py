@@ -122,3 +122,30 @@ def recursive_wrap(
     ):
         return _wrap_one(module, wrapper_cls, **kwargs), total
     return module, wrapped
+
+
+def _wrap_children(
+    module: nn.Module,
+    auto_wrap_policy: Callable[..., bool],
+    wrapper_cls: Callable[..., Any],
+    refused: type,
+    refused_name: str,
+    **kwargs: Any,
+) -> None:
+    """What both FSDP wrappers do with an ``auto_wrap_policy``: refuse a module that already
+    holds one of them (named as torch_xla's message names it), then wrap the submodules the
+    policy picks with ``wrapper_cls(submodule, **kwargs)``, leaving ``module`` itself."""
+    for name, sub in module.named_modules():
+        if isinstance(sub, refused):
+            raise ValueError(
+                f"Expected {name} to NOT be {refused_name} if using an `auto_wrap_policy`"
+            )
+    recursive_wrap(
+        module=module,
+        auto_wrap_policy=auto_wrap_policy,
+        wrapper_cls=wrapper_cls,
+        ignored_modules=[],
+        ignored_params=[],
+        only_wrap_children=True,
+        **kwargs,
+    )

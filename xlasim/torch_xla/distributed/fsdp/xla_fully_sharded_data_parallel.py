@@ -32,7 +32,7 @@ import torch_xla
 import torch_xla.core.xla_model as xm
 import torch_xla.runtime as xr
 from torch import nn
-from torch_xla.distributed.fsdp.wrap import recursive_wrap
+from torch_xla.distributed.fsdp.wrap import _wrap_children
 from torch_xla.distributed.fsdp.xla_flatten_params_wrapper import XlaFlattenParamsWrapper
 
 __all__ = ["XlaFullyShardedDataParallel"]
@@ -189,19 +189,12 @@ class XlaFullyShardedDataParallel(nn.Module):
         super().__init__()
 
         if auto_wrap_policy is not None:
-            for name, sub in module.named_modules():
-                if isinstance(sub, XlaFullyShardedDataParallel):
-                    raise ValueError(
-                        f"Expected {name} to NOT be FullyShardedDataParallel if using an "
-                        "`auto_wrap_policy`"
-                    )
-            recursive_wrap(
-                module=module,
-                auto_wrap_policy=auto_wrap_policy,
-                wrapper_cls=auto_wrapper_callable or XlaFullyShardedDataParallel,
-                ignored_modules=[],
-                ignored_params=[],
-                only_wrap_children=True,
+            _wrap_children(
+                module,
+                auto_wrap_policy,
+                auto_wrapper_callable or XlaFullyShardedDataParallel,
+                XlaFullyShardedDataParallel,
+                "FullyShardedDataParallel",
                 reshard_after_forward=reshard_after_forward,
                 flatten_parameters=flatten_parameters,
                 execute_sharding_on_init=execute_sharding_on_init,
