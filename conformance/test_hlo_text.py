@@ -2,13 +2,19 @@
 shardings under SPMD, the returned tuple, the instruction ids, and the empty text for tensors
 torch_xla holds as plain data) and graphs of pending ops (instruction ids in lowering order,
 HLO post-order, scalars as constants or parameters, layouts, custom-calls for sharding).
-Every expected text was read from real torch_xla 2.9 on PJRT CPU (4 devices)."""
+Every expected text was read from real torch_xla 2.9 on PJRT CPU (4 devices), at the mat-mul
+precision each test names: torch_xla writes the precision into a dot when it lowers the graph."""
 
 from __future__ import annotations
+
+import warnings
 
 import numpy as np
 import pytest
 import torch
+
+# The texts below are the default precision's (a dot without operand_precision).
+pytestmark = pytest.mark.mat_mul_precision("default")
 
 
 def _hlo(tensors):
@@ -127,6 +133,23 @@ def test_arithmetic_with_tensors_and_python_scalars(xla_target):
         "f32[1,4]{1,0} %subtract.14)",
         "}",
     )
+
+
+@pytest.mark.parametrize("level", ["high", "highest"])
+def test_a_dot_carries_the_precision_in_force_when_it_is_lowered(xla_target, level):
+    import torch_xla
+
+    torch.manual_seed(0)
+    a, b = torch.randn(2, 3).to("xla"), torch.randn(3, 2).to("xla")
+    product = a @ b
+    dot = "lhs_contracting_dims={1}, rhs_contracting_dims={0}"
+    assert f"{dot}\n" in _hlo([product])
+    with warnings.catch_warnings():
+        # After tracing (torch_xla reads the level when it lowers); the simulator warns that
+        # its values were computed at the earlier level.
+        warnings.simplefilter("ignore")
+        torch_xla._XLAC._xla_set_mat_mul_precision(level)
+    assert f"{dot}, operand_precision={{{level},{level}}}\n" in _hlo([product])
 
 
 def test_matmul_transpose_reduce_and_reshapes(xla_target):

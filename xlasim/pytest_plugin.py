@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -206,6 +207,12 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "topology(topology, accelerator=None): the slice this test runs on "
         "(overrides --topology/--accelerator)",
+    )
+    config.addinivalue_line(
+        "markers",
+        "mat_mul_precision(level): torch_xla's f32 matmul precision ('default', 'high' or "
+        "'highest') while this test runs, on every target; a test comparing with eager CPU "
+        "asks for 'highest', as pytorch/xla's own TPU tests do",
     )
     config.addinivalue_line(
         "markers",
@@ -406,18 +413,54 @@ def _xlasim_shared_simulation() -> Iterator[_SharedSimulation]:
         shared.close()
 
 
+_PRECISIONS = ("default", "high", "highest")
+
+
+def _precision_mark(node: pytest.Item) -> str | None:
+    mark = node.get_closest_marker("mat_mul_precision")
+    if mark is None:
+        return None
+    level = mark.args[0] if mark.args else mark.kwargs.get("level")
+    if level not in _PRECISIONS:
+        raise pytest.UsageError(
+            f"{node.nodeid}: mat_mul_precision({level!r}): expected one of {', '.join(_PRECISIONS)}"
+        )
+    return str(level)
+
+
+@contextlib.contextmanager
+def _mat_mul_precision(node: pytest.Item) -> Iterator[None]:
+    """The test's ``mat_mul_precision`` mark, set through torch_xla's own binding (silently, as
+    pytorch/xla's test base does) and put back to torch_xla's default afterwards."""
+    level = _precision_mark(node)
+    if level is None:
+        yield
+        return
+    import torch_xla  # the target's: the simulator's, or real torch_xla in a child process
+
+    torch_xla._XLAC._xla_set_mat_mul_precision(level)
+    try:
+        yield
+    finally:
+        with warnings.catch_warnings():
+            # The simulator warns of a change after device ops; the test is over.
+            warnings.simplefilter("ignore")
+            torch_xla._XLAC._xla_set_mat_mul_precision("default")
+
+
 def _run_simulated(request: pytest.FixtureRequest, target: XlaTarget) -> Iterator[XlaTarget]:
     if request.node.get_closest_marker("xlasim_shared") is not None:
         shared: _SharedSimulation = request.getfixturevalue("_xlasim_shared_simulation")
         shared.enter(target)
-        yield target
+        with _mat_mul_precision(request.node):
+            yield target
         _check_simulated_torch_xla(target)
     else:
         # Nested inside a module's shared runtime, a fresh one must not inherit the process
         # state it left in os.environ (XLA_USE_SPMD, cache paths): start from the environment
         # as it was before the shared runtime opened.
         outer = _OPEN_SHARED[-1].environ_before if _OPEN_SHARED else None
-        with _environ(outer), _simulated(target):
+        with _environ(outer), _simulated(target), _mat_mul_precision(request.node):
             yield target
 
 
@@ -466,7 +509,8 @@ def xla_target(request: pytest.FixtureRequest) -> Iterator[XlaTarget]:
     if child != name:
         raise RuntimeError(f"child pytest for target {child!r} was asked to run target {name!r}")
     _check_no_simulator(target)
-    yield target
+    with _mat_mul_precision(request.node):
+        yield target
     module = sys.modules.get("torch_xla")
     path = getattr(module, "__file__", None)
     if path and _XLASIM_DIR in Path(path).resolve().parents:

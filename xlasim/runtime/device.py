@@ -42,14 +42,85 @@ static void set_meta(const at::Tensor& t, c10::IntArrayRef size, c10::IntArrayRe
 }
 TORCH_LIBRARY(xlasim, m) {
   m.def("set_meta(Tensor t, int[] size, int[] stride, int offset) -> ()");
+  m.def("bf16_parts(Tensor x, int n, bool cumulative) -> Tensor[]");
 }
 TORCH_LIBRARY_IMPL(xlasim, CompositeImplicitAutograd, m) { m.impl("set_meta", set_meta); }
+"""
+
+# The simulated TPU's operand splitting (xlasim.runtime.numerics) in one pass over memory,
+# optimized on its own (torch builds the extension unoptimized, which is fine for the rest):
+# float32 x as n bfloat16 parts (rounded to nearest even, held in float32), each the rounding of
+# what the parts before it left; or, cumulative, the running sums x0, x0 + x1, ... (exact in
+# float32). Parts keep x's strides when it is dense, so a matmul on them sees x's layout.
+_PARTS_SOURCE = r"""
+#pragma GCC push_options
+#pragma GCC optimize("O3")
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <bit>
+#include <cstdint>
+#include <vector>
+
+static inline __attribute__((always_inline)) float xlasim_bf16(float v) {
+  uint32_t u = std::bit_cast<uint32_t>(v);
+  uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  // inf stays inf; a nan stays a nan (its payload may sit in the dropped bits).
+  uint32_t special = (u | ((u & 0xffffu) != 0u ? 0x400000u : 0u)) & 0xffff0000u;
+  return std::bit_cast<float>((u & 0x7f800000u) == 0x7f800000u ? special : rounded);
+}
+
+template <int N, bool CUMULATIVE>
+static void xlasim_parts(const float* __restrict s, float* __restrict d0, float* __restrict d1,
+                         float* __restrict d2, int64_t begin, int64_t end) {
+  for (int64_t i = begin; i < end; ++i) {
+    float rest = s[i];
+    float sum = 0.0f;
+#pragma GCC unroll 3
+    for (int k = 0; k < N; ++k) {
+      float part = xlasim_bf16(rest);
+      rest = rest - part;
+      rest = (rest - rest == 0.0f) ? rest : 0.0f;  // inf - inf leaves nothing to carry
+      sum = sum + part;
+      float value = CUMULATIVE ? sum : part;
+      if (k == 0) d0[i] = value;
+      else if (k == 1) d1[i] = value;
+      else d2[i] = value;
+    }
+  }
+}
+
+template <int N>
+static void xlasim_parts_of(const float* s, float** d, bool cumulative, int64_t b, int64_t e) {
+  if (cumulative) xlasim_parts<N, true>(s, d[0], d[1], d[2], b, e);
+  else xlasim_parts<N, false>(s, d[0], d[1], d[2], b, e);
+}
+
+static std::vector<at::Tensor> bf16_parts(const at::Tensor& x, int64_t n, bool cumulative) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat, "bf16_parts: float32 only, got ", x.scalar_type());
+  TORCH_CHECK(n >= 1 && n <= 3, "bf16_parts: 1 to 3 parts, got ", n);
+  at::Tensor src = x.is_non_overlapping_and_dense() ? x : x.contiguous();
+  std::vector<at::Tensor> out;
+  float* dst[3] = {nullptr, nullptr, nullptr};
+  for (int64_t k = 0; k < n; ++k) {
+    out.push_back(at::empty_like(src));
+    dst[k] = out.back().data_ptr<float>();
+  }
+  const float* s = src.data_ptr<float>();
+  at::parallel_for(0, src.numel(), 1 << 16, [&](int64_t begin, int64_t end) {
+    if (n == 1) xlasim_parts_of<1>(s, dst, cumulative, begin, end);
+    else if (n == 2) xlasim_parts_of<2>(s, dst, cumulative, begin, end);
+    else xlasim_parts_of<3>(s, dst, cumulative, begin, end);
+  });
+  return out;
+}
+#pragma GCC pop_options
+TORCH_LIBRARY_IMPL(xlasim, CPU, m) { m.impl("bf16_parts", bf16_parts); }
 """
 
 
 def _source() -> str:
     # The autocast kernels depend on the installed torch's ops, so the source is made per process.
-    return _GUARD_SOURCE + autocast.cpp_source()
+    return _GUARD_SOURCE + _PARTS_SOURCE + autocast.cpp_source()
 
 
 # In the engine's error for a device index no queue (and no device thread) serves; a process

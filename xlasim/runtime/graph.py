@@ -346,6 +346,11 @@ class GraphCache:
         self.graph_name = ""
 
     @property
+    def traced_any(self) -> bool:
+        """Whether ops have been traced: pending now, or in a graph compiled before."""
+        return bool(self.pending or self.compiled)
+
+    @property
     def use_eager_mode(self) -> bool:
         return self._use_eager_mode
 

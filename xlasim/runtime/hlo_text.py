@@ -32,7 +32,7 @@ from xlasim.runtime import graph as _graph
 from xlasim.runtime.debug_info import holds_data_ir
 from xlasim.runtime.errors import xla_type
 from xlasim.runtime.graph import CustomCall, Node
-from xlasim.runtime.state import SimRuntime
+from xlasim.runtime.state import SimRuntime, active
 from xlasim.runtime.tensor import leaf_input
 
 aten = torch.ops.aten
@@ -89,6 +89,17 @@ def _unsupported(what: str) -> NotImplementedError:
         f"lowering of it is not reproduced (written: {SUPPORTED}) "
         "(torch_xla._XLAC._get_xla_tensors_hlo)"
     )
+
+
+def _dot_attributes() -> str:
+    """A 2-D dot's attributes; torch_xla adds the mat-mul precision, read when it lowers the
+    graph, unless it is the default."""
+    attributes = ", lhs_contracting_dims={1}, rhs_contracting_dims={0}"
+    runtime = active()
+    level = runtime.mat_mul_precision if runtime is not None else "default"
+    if level != "default":
+        attributes += f", operand_precision={{{level},{level}}}"
+    return attributes
 
 
 class _Scalar:
@@ -428,7 +439,7 @@ class _Lowering:
                 "dot",
                 (lhs.dims[0], rhs.dims[1]),
                 [lhs, rhs],
-                ", lhs_contracting_dims={1}, rhs_contracting_dims={0}",
+                _dot_attributes(),
             )
         consts, kwargs = _node_args(item)
         x = ins[0]
@@ -506,7 +517,7 @@ class _Lowering:
             raise _unsupported(f"{node.op} with a bias of rank {len(bias.dims)}")
         b = self.b
         out = (mat1.dims[0], mat2.dims[1])
-        dot = b.op("dot", out, [mat1, mat2], ", lhs_contracting_dims={1}, rhs_contracting_dims={0}")
+        dot = b.op("dot", out, [mat1, mat2], _dot_attributes())
         return _binary(b, "add", dot, b.expand(bias, out))
 
     def max_dim(self, node: Node, x: _Instr) -> list[_Instr]:

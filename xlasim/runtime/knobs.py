@@ -16,9 +16,12 @@ from collections.abc import Mapping
 __all__ = [
     "ENFORCE_HBM_ENV",
     "HOSTS_TIMEOUT_ENV",
+    "NUMERICS",
+    "NUMERICS_ENV",
     "EnvError",
     "check_runtime_knobs",
     "env_bool",
+    "env_choice",
     "env_float",
     "env_int",
     "TRUE_WORDS",
@@ -32,6 +35,11 @@ FALSE_WORDS = ("0", "false", "no", "off")
 # Read by the runtime (hbm, hosts) at first use, checked by simulate() at entry.
 ENFORCE_HBM_ENV = "XLASIM_ENFORCE_HBM"
 HOSTS_TIMEOUT_ENV = "XLASIM_HOSTS_TIMEOUT_S"
+# Read when a simulation starts: ``tpu`` computes matmul-class ops as the TPU's matrix unit
+# does (xlasim.runtime.numerics); ``exact`` keeps the CPU kernels' float32 -- not what a TPU
+# computes, for comparing with eager CPU bit for bit.
+NUMERICS_ENV = "XLASIM_NUMERICS"
+NUMERICS = ("tpu", "exact")
 
 
 class EnvError(ValueError):
@@ -82,6 +90,18 @@ def env_int(
     return value
 
 
+def env_choice(
+    name: str, choices: tuple[str, ...], default: str, environ: Mapping[str, str] | None = None
+) -> str:
+    """``name`` as one of ``choices`` (any case)."""
+    raw = _raw(name, environ)
+    if raw is None:
+        return default
+    if raw.lower() in choices:
+        return raw.lower()
+    raise EnvError(f"{name}={raw!r} is not valid: use one of {', '.join(choices)}, or leave it unset")
+
+
 def env_float(
     name: str, default: float, *, positive: bool = True, environ: Mapping[str, str] | None = None
 ) -> float:
@@ -103,3 +123,4 @@ def check_runtime_knobs(environ: Mapping[str, str] | None = None) -> None:
     """Fails now on a bad value of a knob the runtime reads later, at first use."""
     env_bool(ENFORCE_HBM_ENV, environ=environ)
     env_float(HOSTS_TIMEOUT_ENV, 1.0, environ=environ)
+    env_choice(NUMERICS_ENV, NUMERICS, NUMERICS[0], environ=environ)

@@ -20,6 +20,7 @@ import torch
 from xlasim.runtime import dry_run, memory
 from xlasim.runtime import errors as _errors
 from xlasim.runtime import graph as _graph
+from xlasim.runtime import numerics as _numerics
 from xlasim.runtime import state as _runtime
 from xlasim.runtime.device import FactoryKernels, set_wrapper_shape, xla_strides
 from xlasim.runtime.graph import CompileError, CustomCall, InputRef, Node, RecordedCall, stable_id
@@ -329,8 +330,9 @@ class _OpInfo:
 
     def __init__(self, op: Any) -> None:
         self.op = op
-        # The overload's C++ callable: ``OpOverload.__call__`` only forwards to it.
-        self.call = getattr(op, "_op", op)
+        # The overload's C++ callable: ``OpOverload.__call__`` only forwards to it; for a
+        # matmul-class op, one that computes as the TPU's matrix unit does.
+        self.call = _numerics.emulated(op) or getattr(op, "_op", op)
         self.key = stable_id(op)
         self.handler = _SPECIAL.get(op)
         self.identity = op in _IDENTITY_OPS

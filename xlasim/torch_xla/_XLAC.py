@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from xlasim.runtime import manual, optimizer_steps, state
+from xlasim.runtime import manual, numerics, optimizer_steps, state
 from xlasim.runtime.debug_info import tensor_debug_info
 from xlasim.runtime.errors import expected_xla_tensor
 from xlasim.runtime.graph import CompileError, CustomCall
@@ -271,7 +271,25 @@ def _get_executed_fallback_ops() -> list[str]:
     return _rt().metrics.fallback_ops()
 
 
-# -- sharding --------------------------------------------------------------------------
+# -- numerics --------------------------------------------------------------------------------
+def _xla_set_mat_mul_precision(*args: Any, **kwargs: Any) -> None:
+    """XLA's ``StringToPrecision``: any case of a level's name; one string, positionally."""
+    if len(args) != 1 or kwargs or not isinstance(args[0], str):
+        given = ", ".join([*map(repr, args), *(f"kwargs: {k}={v!r}" for k, v in kwargs.items())])
+        raise TypeError(
+            "_xla_set_mat_mul_precision(): incompatible function arguments. The following "
+            f"argument types are supported:\n    1. (arg0: str) -> None\n\nInvoked with: {given}"
+        )
+    level = args[0].lower()
+    if level not in numerics.PRECISIONS:
+        raise RuntimeError("Unknown precision")
+    numerics.set_precision(_rt(), level)
+
+
+def _xla_get_mat_mul_precision() -> str:
+    return _rt().mat_mul_precision
+
+
 def _xla_set_rng_seed(seed: int, device: str = "") -> None:
     _rt().manual_seed(seed)
 

@@ -1,0 +1,184 @@
+"""torch_xla.backends' mat-mul precision, and what float32 matmuls compute at each level.
+
+Sources: torch_xla 2.9's ``torch_xla/backends/__init__.py`` (names, validation, the warning on
+every set, the default 'default' from ``XlaHelpers::s_mat_mul_precision``); pytorch/xla's
+precision tutorial and the Cloud TPU bfloat16 page (what a TPU computes at each level); real
+torch_xla 2.9 on CPU (XLA:CPU ignores the setting: every level gives the exact float32 product).
+
+The expected TPU values come from the definitions, written here independently of the
+simulator: bfloat16 rounding to nearest even by bit arithmetic, the splitting x = x0 + x1 (+ x2),
+and the kept products summed in float64.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+_U = 2.0**-24  # float32's unit roundoff
+
+
+def _bf16(x: torch.Tensor) -> torch.Tensor:
+    """float32 -> the nearest bfloat16 (ties to even), kept in float32, by bit arithmetic."""
+    bits = x.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+    rounded = torch.where(rounded >= 2**31, rounded - 2**32, rounded)
+    return rounded.to(torch.int32).view(torch.float32)
+
+
+def _split(x: torch.Tensor, n: int) -> list[torch.Tensor]:
+    out, rest = [], x
+    for _ in range(n):
+        out.append(_bf16(rest))
+        rest = rest - out[-1]
+    return out
+
+
+# The products each level keeps, (i, j) for x_i * y_j.
+_KEPT = {
+    "default": (1, [(0, 0)]),
+    "high": (2, [(0, 0), (0, 1), (1, 0)]),
+    "highest": (3, [(0, 0), (0, 1), (1, 0), (0, 2), (1, 1), (2, 0)]),
+}
+
+
+def _definition(a: torch.Tensor, b: torch.Tensor, level: str) -> torch.Tensor:
+    n, kept = _KEPT[level]
+    xs, ys = _split(a, n), _split(b, n)
+    return sum(xs[i].double() @ ys[j].double() for i, j in kept)
+
+
+def _is_tpu_numerics(xla_target) -> bool:
+    # XLA:CPU computes float32 matmuls exactly whatever the precision (measured on real
+    # torch_xla 2.9 CPU); the simulator and a TPU compute at the precision.
+    return xla_target.name != "xla_cpu"
+
+
+def _normals(*shape: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def test_default_precision_and_its_setter(xla_target, caplog):
+    import torch_xla
+    import torch_xla.backends as backends
+
+    assert backends.__all__ == ["set_mat_mul_precision", "get_mat_mul_precision"]
+    # The plugin set 'highest' for this suite and put it back: torch_xla's default shows.
+    torch_xla._XLAC._xla_set_mat_mul_precision("default")
+    assert backends.get_mat_mul_precision() == "default"
+    with caplog.at_level(logging.WARNING, logger="torch_xla.backends"):
+        for level in ("high", "highest", "default", "high"):
+            backends.set_mat_mul_precision(level)
+            assert backends.get_mat_mul_precision() == level
+            assert torch_xla._XLAC._xla_get_mat_mul_precision() == level
+    warnings = [r for r in caplog.records if r.name == "torch_xla.backends"]
+    assert len(warnings) == 4  # one on every set
+    assert warnings[0].getMessage() == (
+        "Setting mat mul precision multiple times is not recommended. If you need to do so, "
+        "please empirically verify that the precision setting is behaving as expected."
+    )
+    for bad in ("bogus", "HIGH", None):
+        with pytest.raises(ValueError) as info:
+            backends.set_mat_mul_precision(bad)
+        assert str(info.value) == f"Invalid precision: {bad}. Must be one of default, high, highest."
+    assert backends.get_mat_mul_precision() == "high"
+
+
+@pytest.mark.parametrize("level", ["default", "high", "highest"])
+def test_float32_matmul_computes_at_the_precision(xla_target, level):
+    import torch_xla
+    import torch_xla.backends as backends
+
+    torch_xla._XLAC._xla_set_mat_mul_precision(level)
+    assert backends.get_mat_mul_precision() == level
+    dev = torch_xla.device()
+    a, b = _normals(64, 256, seed=1), _normals(256, 64, seed=2)
+    got = (a.to(dev) @ b.to(dev)).cpu().double()
+    scale = a.double().abs() @ b.double().abs()  # the sum of |products| of each output
+    if not _is_tpu_numerics(xla_target):
+        assert torch.equal(got.float(), a @ b)
+        return
+    expected = _definition(a, b, level)
+    # The device sums the kept products in float32: within 256 roundings of each output's scale.
+    assert ((got - expected).abs() <= 256 * _U * scale).all()
+    exact_error = (got - a.double() @ b.double()).abs().max().item()
+    if level == "default":
+        # The TPU's default is about 4000x further from the exact product than float32 is.
+        assert exact_error > 1e-2
+    else:
+        assert exact_error < 1e-3
+
+
+# Relative error bounds, with bfloat16's unit roundoff u = 2**-8 (8 significant bits):
+# an operand's representation is within u (default: one rounding), u**2 (high: two parts) or
+# float32's own roundoff (highest: three parts); a product of two such operands within about
+# twice that (default 2u, high 3u**2: the dropped x1*y1 too). Random operands come within a
+# factor of about two of each bound, so each is checked from both sides.
+_BOUNDS = {
+    "default": (2.0**-8, 2.0**-7 + 2.0**-16),
+    "high": (2.0**-16, 3 * 2.0**-16),
+    "highest": (2.0**-23, 2.0**-22),
+}
+
+
+@pytest.mark.parametrize("level", ["default", "high", "highest"])
+def test_error_bounds_of_each_level(xla_target, level):
+    """Outer products (one product per output) show each level's relative error."""
+    import torch_xla
+
+    torch_xla._XLAC._xla_set_mat_mul_precision(level)
+    dev = torch_xla.device()
+    a = _normals(256, 1, seed=3)
+    # Small integers are exact in bfloat16: these products carry only a's representation error.
+    exact_operand = torch.randint(1, 9, (1, 256), generator=torch.Generator().manual_seed(4))
+    for b, bound in zip((exact_operand.float(), _normals(1, 256, seed=4)), _BOUNDS[level]):
+        got = (a.to(dev) @ b.to(dev)).cpu().double()
+        exact = a.double() @ b.double()
+        relative = ((got - exact).abs() / exact.abs()).max().item()
+        if not _is_tpu_numerics(xla_target):
+            assert relative <= _U
+        elif level == "highest":
+            assert relative <= bound
+        else:
+            assert bound / 4 <= relative <= bound
+
+
+def test_bfloat16_matmul_sums_in_float32_and_rounds_once(xla_target):
+    import torch_xla
+
+    dev = torch_xla.device()
+    a = _normals(32, 512, seed=5).to(torch.bfloat16)
+    b = _normals(512, 32, seed=6).to(torch.bfloat16)
+    got = (a.to(dev) @ b.to(dev)).cpu()
+    assert got.dtype == torch.bfloat16
+    expected = (a.double() @ b.double()).float().to(torch.bfloat16)
+    # Float32 sums of exact products, rounded once: at most one bfloat16 ulp from the exact
+    # sum's rounding (a bfloat16 accumulator would drift by many).
+    ulp = expected.float().abs() * 2.0**-7
+    assert ((got.float() - expected.float()).abs() <= ulp + 1e-6).all()
+
+
+def test_gradients_and_convolutions_follow_the_precision(xla_target):
+    import torch_xla
+
+    torch_xla._XLAC._xla_set_mat_mul_precision("default")
+    dev = torch_xla.device()
+    x = _normals(8, 64, seed=7)
+    w = _normals(64, 16, seed=8)
+    xd = x.to(dev).requires_grad_()
+    (xd @ w.to(dev)).sum().backward()
+    got = xd.grad.cpu().double()
+    # d/dx sum(x @ w) = ones @ w.T: the gradient of ones (exact in bfloat16) times w's rounding.
+    on_tpu = w.double().sum(1) if not _is_tpu_numerics(xla_target) else _bf16(w).double().sum(1)
+    torch.testing.assert_close(got, on_tpu.expand(8, 64), rtol=0, atol=64 * _U * 64)
+    assert (got - w.double().sum(1)).abs().max().item() > (
+        1e-3 if _is_tpu_numerics(xla_target) else -1
+    )
+
+    image, kernel = _normals(2, 3, 10, 10, seed=9), _normals(4, 3, 3, 3, seed=10)
+    conv = torch.nn.functional.conv2d(image.to(dev), kernel.to(dev)).cpu().double()
+    rounded = (_bf16(image), _bf16(kernel)) if _is_tpu_numerics(xla_target) else (image, kernel)
+    expected = torch.nn.functional.conv2d(rounded[0].double(), rounded[1].double())
+    torch.testing.assert_close(conv, expected, rtol=0, atol=27 * _U * 30)
