@@ -122,6 +122,7 @@ def test_host_copies_are_row_major(xla_target):
     assert torch.equal(a.t().cpu(), a.cpu().t())
 
 
+@pytest.mark.mat_mul_precision("default")  # the text of the default level (no operand_precision)
 def test_a_linear_weight_gradient_lowers_as_on_a_device(xla_target):
     import torch_xla
 
@@ -155,7 +156,8 @@ def test_a_linear_weight_gradient_lowers_as_on_a_device(xla_target):
     )
     torch_xla.sync()
     expected = torch.ones(4, 1).t() @ x.cpu()
-    assert torch.allclose(grad.cpu(), expected)
+    # At the default mat-mul precision a TPU rounds x to bfloat16 (within 2**-8 of each value).
+    assert ((grad.cpu() - expected).abs() <= 2**-8 * x.cpu().abs().sum(0) + 1e-6).all()
 
 
 def test_sharded_tensors_report_the_global_strides(xla_target):

@@ -236,7 +236,11 @@ def test_ray_train_device_helpers_give_the_xla_device(v6e_8_cluster, tmp_path):
         scaling_config=ScalingConfig(
             use_tpu=True, topology="2x4", accelerator_type="TPU-V6E", num_workers=1
         ),
-        run_config=RunConfig(storage_path=str(tmp_path / "ray_results")),
+        run_config=RunConfig(
+            storage_path=str(tmp_path / "ray_results"),
+            # Compared with eager CPU below: the worker's chips compute at 'highest'.
+            worker_runtime_env={"env_vars": {"XLASIM_MAT_MUL_PRECISION": "highest"}},
+        ),
     )
     fit_with_deadline(trainer, FIT_TIMEOUT_S)
     m = json.loads(out.read_text())

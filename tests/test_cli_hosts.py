@@ -60,14 +60,20 @@ TRAIN = textwrap.dedent(
 )
 
 
+# Kept from the test's environment: the mat-mul precision its mark sets, so that the hosts'
+# losses compare with eager CPU's.
+_KEPT = ("XLASIM_MAT_MUL_PRECISION",)
+
+
 def _env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("XLASIM_")}
+    return {k: v for k, v in os.environ.items() if not k.startswith("XLASIM_") or k in _KEPT}
 
 
 def _xlasim_run(
     *args: str, timeout: float = WAIT_S, **env: str
 ) -> subprocess.CompletedProcess[str]:
-    """``xlasim run ARGS`` with the simulator's variables cleared, then ``env`` added."""
+    """``xlasim run ARGS`` with the simulator's variables cleared (but the precision), then
+    ``env`` added."""
     return subprocess.run(
         [sys.executable, "-m", "xlasim", "run", *args],
         env={**_env(), **env},
@@ -85,6 +91,7 @@ def test_the_launcher_sets_the_address_the_runtime_reads():
     assert host_launcher.HOSTS_ADDR_ENV == hosts.ADDR_ENV
 
 
+@pytest.mark.mat_mul_precision("highest")
 def test_run_starts_every_host_and_trains_on_the_global_batch():
     out = _xlasim_run("--topology", "4x4", "--", sys.executable, "-c", TRAIN)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -94,6 +101,7 @@ def test_run_starts_every_host_and_trains_on_the_global_batch():
     assert _losses(lines, "host 0 of 4") == pytest.approx(eager_sgd(16)[0], rel=1e-5)
 
 
+@pytest.mark.mat_mul_precision("highest")
 def test_all_output_shows_every_host_prefixed():
     out = _xlasim_run(
         "--topology", "2x2x2", "--accelerator", "v4", "--all-output",
@@ -267,6 +275,7 @@ def test_a_bad_hosts_timeout_is_named():
     )
 
 
+@pytest.mark.mat_mul_precision("highest")
 def test_single_process_stands_for_every_host():
     out = _xlasim_run("--topology", "4x4", "--single-process", "--", sys.executable, "-c", TRAIN)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -65,6 +65,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.mat_mul_precision("highest")
 def test_values_and_gradients_match_eager_attention(xlasim_sim, case):
     import torch_xla
     from torch_xla.experimental.custom_kernel import flash_attention
@@ -120,6 +121,7 @@ def test_bfloat16_inputs_give_bfloat16_attention(xlasim_sim):
     torch.testing.assert_close(out.cpu().double(), expected, rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.mat_mul_precision("highest")
 def test_causal_mask_starts_at_the_first_key_when_lengths_differ(xlasim_sim):
     import torch_xla
     from torch_xla.experimental.custom_kernel import flash_attention
@@ -182,6 +184,7 @@ def test_head_dim_the_tiled_kernel_refuses(xlasim_sim):
 
 
 @pytest.mark.parametrize(("q_len", "kv_len"), [(16, 12), (16, 384), (600, 128)])
+@pytest.mark.mat_mul_precision("highest")
 def test_backward_refuses_lengths_the_kernel_backward_cannot_tile(xlasim_sim, q_len, kv_len):
     import torch_xla
     from torch_xla.experimental.custom_kernel import flash_attention
@@ -211,6 +214,7 @@ def _mesh():
         ((None, "x", None, None), "{devices=[1,4,1,1]0,1,2,3}"),
     ],
 )
+@pytest.mark.mat_mul_precision("highest")
 def test_partition_spec_over_batch_or_heads_is_plain_attention(xlasim_sim, spec, spec_string):
     import torch_xla
     from torch_xla.experimental.custom_kernel import flash_attention
@@ -233,6 +237,7 @@ def test_partition_spec_over_batch_or_heads_is_plain_attention(xlasim_sim, spec,
         assert torch_xla._XLAC._get_xla_sharding_spec(got.grad) == spec_string, name
 
 
+@pytest.mark.mat_mul_precision("highest")
 def test_partition_spec_over_the_sequence_attends_within_each_shard(xlasim_sim):
     import torch_xla
     from torch_xla.experimental.custom_kernel import flash_attention

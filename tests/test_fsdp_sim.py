@@ -155,6 +155,7 @@ def _fsdp_replica(init: dict[str, torch.Tensor], ckpt_dir: str) -> dict[str, obj
 
 
 @pytest.mark.topology("2x2x1", accelerator="v4")
+@pytest.mark.mat_mul_precision("highest")
 def test_collective_fsdp_on_four_replicas_trains_as_on_the_global_batch(xlasim_sim, tmp_path):
     from torch_xla._internal import pjrt
     from torch_xla.distributed.fsdp import consolidate_sharded_model_checkpoints

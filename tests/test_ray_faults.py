@@ -87,6 +87,7 @@ def _assert_simulator_listens_on_loopback(out):
     assert outside == [], (seen, ray_ports)
 
 
+@pytest.mark.mat_mul_precision("highest")
 def test_killed_host_is_replaced_and_the_run_resumes(v4_16_cluster, tmp_path):
     result, error = _drill(tmp_path, "kill", max_failures=1)
     assert error is None and result.outcome == "recovered", result.error
@@ -94,6 +95,7 @@ def test_killed_host_is_replaced_and_the_run_resumes(v4_16_cluster, tmp_path):
     _assert_resumed_without_loss(result, resumed_from=1)
 
 
+@pytest.mark.mat_mul_precision("highest")
 def test_killed_coordinator_is_replaced_and_the_run_resumes(v4_16_cluster, tmp_path):
     # Host 0 runs the stores every host meets at (the exchange's, the process group's); the
     # retry's host 0 listens at the same XLASIM_HOSTS_ADDR again.
@@ -130,6 +132,7 @@ def test_host_hanging_before_an_all_reduce_is_ended_by_timeout_s(v4_16_cluster, 
     assert f"TPUTorchConfig(timeout_s={HANG_BOUND_S})" in result.error, result.error
 
 
+@pytest.mark.mat_mul_precision("highest")
 def test_preemption_during_checkpoint_save_resumes_from_the_last_complete_one(
     v4_16_cluster, tmp_path
 ):

@@ -284,6 +284,7 @@ def test_prepare_rejects_what_it_cannot_prepare():
 # -- the same loop ---------------------------------------------------------------------------
 
 
+@pytest.mark.mat_mul_precision("highest")
 def test_same_loop_on_cpu_and_on_a_simulated_tpu():
     cpu = same_loop()
     assert cpu["kind"] in ("cpu", "cuda") and cpu["stats"] == [None] * 8
@@ -295,6 +296,7 @@ def test_same_loop_on_cpu_and_on_a_simulated_tpu():
     assert xla["losses"][-1] < xla["losses"][0]
 
 
+@pytest.mark.mat_mul_precision("highest")
 def test_same_loop_under_spmd_on_a_simulated_slice():
     cpu = same_loop()
     with xlasim.simulate("2x4", "v6e"):
@@ -407,6 +409,7 @@ def _eager_global_batches(hosts: int) -> list[float]:
 
 @pytest.mark.timeout(900)
 @pytest.mark.xdist_group("ray")  # one Ray cluster at a time on this machine
+@pytest.mark.mat_mul_precision("highest")
 def test_same_loop_in_ray_train_on_gloo_and_on_a_simulated_slice(tmp_path):
     pytest.importorskip("ray.train")
     import ray
@@ -511,6 +514,7 @@ def test_backend_compile_cache_makes_the_second_run_compile_nothing(tmp_path):
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.mat_mul_precision("highest")
 def test_same_loop_on_a_multi_host_simulated_slice(tmp_path):
     """v4-16 (2 hosts x 4 chips, mesh (2, 4) over ('data', 'model')): every host runs the
     loop on the same global batch and sees the loss curve of the CPU run.

@@ -113,6 +113,7 @@ def _free_port() -> int:
 
 
 @pytest.mark.topology("2x2x1", accelerator="v4")
+@pytest.mark.mat_mul_precision("highest")
 def test_one_process_per_chip_and_their_collectives(xlasim_sim, monkeypatch):
     from torch_xla._internal import pjrt
 

@@ -124,6 +124,7 @@ def _run_hosts(topology: str, accelerator: str, num_hosts: int) -> list[dict]:
     [("2x2x2", "v4", 2, 8), ("4x4", "v6e", 4, 16)],
     ids=["v4-16-2hosts", "v6e-16-4hosts"],
 )
+@pytest.mark.mat_mul_precision("highest")
 def test_hosts_compute_the_global_step(topology, accelerator, num_hosts, num_devices):
     results = _run_hosts(topology, accelerator, num_hosts)
     losses, weight = eager_sgd(num_devices)

@@ -127,6 +127,7 @@ def _residual_chain(h, r, depth):
     return h
 
 
+@pytest.mark.mat_mul_precision("highest")
 def test_deep_residual_chain_keeps_its_sharding_and_values():
     # Reasoned out: every op of the chain is elementwise, its only non-replicated input is
     # the tiled h (r is transferred unannotated, so replicated), so GSPMD keeps h's tiling
@@ -200,6 +201,7 @@ def _sgd_step(model, x):
     return loss
 
 
+@pytest.mark.mat_mul_precision("highest")
 def test_sharded_residual_mlp_of_depth_64_trains_like_eager():
     # Reasoned out: parameters updated in place keep their annotation (the weights' tiling,
     # the biases' '{replicated}' from their unannotated SPMD transfer); the rank-0 loss is
@@ -229,6 +231,9 @@ def test_sharded_residual_mlp_of_depth_64_trains_like_eager():
         with pytest.raises(NotImplementedError, match="sharding propagation"):
             spec(model.blocks[0].weight.grad)
         expected_loss = _sgd_step(eager, x_cpu)
-        assert torch.equal(loss.cpu(), expected_loss.detach())
+        # At 'highest' each matmul is within float32 roundoff of the CPU's (not bit-equal:
+        # six bfloat16 passes); 64 residual layers compound that to about 1e-5 relative.
+        close = {"rtol": 1e-4, "atol": 1e-4}
+        torch.testing.assert_close(loss.cpu(), expected_loss.detach(), **close)
         for p, q in zip(model.parameters(), eager.parameters(), strict=True):
-            assert torch.equal(p.cpu(), q.detach())
+            torch.testing.assert_close(p.cpu(), q.detach(), **close)

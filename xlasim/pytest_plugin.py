@@ -414,6 +414,7 @@ def _xlasim_shared_simulation() -> Iterator[_SharedSimulation]:
 
 
 _PRECISIONS = ("default", "high", "highest")
+_PRECISION_ENV = "XLASIM_MAT_MUL_PRECISION"
 
 
 def _precision_mark(node: pytest.Item) -> str | None:
@@ -430,8 +431,9 @@ def _precision_mark(node: pytest.Item) -> str | None:
 
 @contextlib.contextmanager
 def _mat_mul_precision(node: pytest.Item) -> Iterator[None]:
-    """The test's ``mat_mul_precision`` mark, set through torch_xla's own binding (silently, as
-    pytorch/xla's test base does) and put back to torch_xla's default afterwards."""
+    """The test's ``mat_mul_precision`` mark in the target's torch_xla, set through its own
+    binding (silently, as pytorch/xla's test base does) and put back to torch_xla's default
+    afterwards."""
     level = _precision_mark(node)
     if level is None:
         yield
@@ -446,6 +448,25 @@ def _mat_mul_precision(node: pytest.Item) -> Iterator[None]:
             # The simulator warns of a change after device ops; the test is over.
             warnings.simplefilter("ignore")
             torch_xla._XLAC._xla_set_mat_mul_precision("default")
+
+
+@pytest.fixture(autouse=True)
+def _xlasim_mat_mul_precision_env(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Under a ``mat_mul_precision`` mark, the simulated processes the test starts (hosts,
+    spawned replicas, Ray clusters, ``xlasim run``) start at that level too."""
+    level = _precision_mark(request.node)
+    if level is None:
+        yield
+        return
+    saved = os.environ.get(_PRECISION_ENV)
+    os.environ[_PRECISION_ENV] = level
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop(_PRECISION_ENV, None)
+        else:
+            os.environ[_PRECISION_ENV] = saved
 
 
 def _run_simulated(request: pytest.FixtureRequest, target: XlaTarget) -> Iterator[XlaTarget]:

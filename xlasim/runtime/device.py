@@ -57,20 +57,44 @@ _PARTS_SOURCE = r"""
 #pragma GCC optimize("O3")
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <bit>
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
-static inline __attribute__((always_inline)) float xlasim_bf16(float v) {
-  uint32_t u = std::bit_cast<uint32_t>(v);
-  uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-  // inf stays inf; a nan stays a nan (its payload may sit in the dropped bits).
-  uint32_t special = (u | ((u & 0xffffu) != 0u ? 0x400000u : 0u)) & 0xffff0000u;
-  return std::bit_cast<float>((u & 0x7f800000u) == 0x7f800000u ? special : rounded);
+// Branch-free, so that the loops below vectorize: masks stand for the comparisons.
+static inline __attribute__((always_inline)) uint32_t xlasim_bits(float v) {
+  uint32_t u;
+  __builtin_memcpy(&u, &v, 4);  // inlined even where the rest of the build is unoptimized
+  return u;
 }
 
+static inline __attribute__((always_inline)) float xlasim_float(uint32_t u) {
+  float v;
+  __builtin_memcpy(&v, &u, 4);
+  return v;
+}
+
+static inline __attribute__((always_inline)) uint32_t xlasim_not_finite(uint32_t u) {
+  return 0u - (uint32_t)((u & 0x7f800000u) == 0x7f800000u);  // all ones for inf and nan
+}
+
+static inline __attribute__((always_inline)) float xlasim_bf16(float v) {
+  uint32_t u = xlasim_bits(v);
+  uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  // inf stays inf; a nan stays a nan (its payload may sit in the dropped bits).
+  uint32_t special = (u | ((uint32_t)((u & 0xffffu) != 0u) << 22)) & 0xffff0000u;
+  uint32_t mask = xlasim_not_finite(u);
+  return xlasim_float((special & mask) | (rounded & ~mask));
+}
+
+#if defined(__x86_64__)
+#define XLASIM_WIDE_VECTORS __attribute__((target_clones("avx2", "default")))
+#else
+#define XLASIM_WIDE_VECTORS
+#endif
+
 template <int N, bool CUMULATIVE>
-static void xlasim_parts(const float* __restrict s, float* __restrict d0, float* __restrict d1,
+XLASIM_WIDE_VECTORS static void xlasim_parts(const float* __restrict s, float* __restrict d0, float* __restrict d1,
                          float* __restrict d2, int64_t begin, int64_t end) {
   for (int64_t i = begin; i < end; ++i) {
     float rest = s[i];
@@ -78,8 +102,8 @@ static void xlasim_parts(const float* __restrict s, float* __restrict d0, float*
 #pragma GCC unroll 3
     for (int k = 0; k < N; ++k) {
       float part = xlasim_bf16(rest);
-      rest = rest - part;
-      rest = (rest - rest == 0.0f) ? rest : 0.0f;  // inf - inf leaves nothing to carry
+      uint32_t left = xlasim_bits(rest - part);
+      rest = xlasim_float(left & ~xlasim_not_finite(left));  // inf - inf leaves nothing
       sum = sum + part;
       float value = CUMULATIVE ? sum : part;
       if (k == 0) d0[i] = value;

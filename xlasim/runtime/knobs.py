@@ -16,8 +16,10 @@ from collections.abc import Mapping
 __all__ = [
     "ENFORCE_HBM_ENV",
     "HOSTS_TIMEOUT_ENV",
+    "MAT_MUL_PRECISION_ENV",
     "NUMERICS",
     "NUMERICS_ENV",
+    "PRECISIONS",
     "EnvError",
     "check_runtime_knobs",
     "env_bool",
@@ -40,6 +42,11 @@ HOSTS_TIMEOUT_ENV = "XLASIM_HOSTS_TIMEOUT_S"
 # computes, for comparing with eager CPU bit for bit.
 NUMERICS_ENV = "XLASIM_NUMERICS"
 NUMERICS = ("tpu", "exact")
+# The mat-mul precision a simulated process starts at (torch_xla's levels; its own start is
+# 'default'): for harnesses whose processes -- workers, hosts, spawned children -- should all
+# run as if they had called torch_xla.backends.set_mat_mul_precision first.
+MAT_MUL_PRECISION_ENV = "XLASIM_MAT_MUL_PRECISION"
+PRECISIONS = ("default", "high", "highest")
 
 
 class EnvError(ValueError):
@@ -124,3 +131,4 @@ def check_runtime_knobs(environ: Mapping[str, str] | None = None) -> None:
     env_bool(ENFORCE_HBM_ENV, environ=environ)
     env_float(HOSTS_TIMEOUT_ENV, 1.0, environ=environ)
     env_choice(NUMERICS_ENV, NUMERICS, NUMERICS[0], environ=environ)
+    env_choice(MAT_MUL_PRECISION_ENV, PRECISIONS, PRECISIONS[0], environ=environ)

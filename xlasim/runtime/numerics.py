@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from xlasim.runtime import state as _runtime
+from xlasim.runtime.knobs import PRECISIONS
 
 __all__ = [
     "DEFAULT_PRECISION",
@@ -44,8 +45,7 @@ __all__ = [
 
 aten = torch.ops.aten
 
-PRECISIONS = ("default", "high", "highest")
-DEFAULT_PRECISION = "default"
+DEFAULT_PRECISION = PRECISIONS[0]
 """torch_xla 2.9's C++ default (``XlaHelpers::s_mat_mul_precision``)."""
 
 _F32 = torch.float32

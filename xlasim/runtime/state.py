@@ -18,7 +18,13 @@ from xlasim.runtime.client import Client, client_from_env
 from xlasim.runtime.coordinator import Coordinator
 from xlasim.runtime.graph import GraphCache
 from xlasim.runtime.hbm import HBM
-from xlasim.runtime.knobs import NUMERICS, NUMERICS_ENV, env_choice
+from xlasim.runtime.knobs import (
+    MAT_MUL_PRECISION_ENV,
+    NUMERICS,
+    NUMERICS_ENV,
+    PRECISIONS,
+    env_choice,
+)
 from xlasim.runtime.metrics import Metrics
 from xlasim.runtime.sysenv import env_flag
 
@@ -92,11 +98,17 @@ class SimRuntime:
     """How many ``torch_xla.sync()`` step barriers this runtime has passed."""
     coordinator: Coordinator = field(default_factory=Coordinator)
     """The distributed-runtime coordinator and its preemption sync manager."""
-    mat_mul_precision: str = "default"
+    mat_mul_precision: str = field(
+        default_factory=lambda: env_choice(MAT_MUL_PRECISION_ENV, PRECISIONS, PRECISIONS[0])
+    )
     """torch_xla's mat-mul precision for 32-bit inputs (``torch_xla.backends``); a process-wide
-    C++ setting in torch_xla, so one per runtime here, starting at torch_xla's default."""
+    C++ setting in torch_xla, so one per runtime here, starting at torch_xla's default unless
+    ``XLASIM_MAT_MUL_PRECISION`` names another."""
     numerics: str = field(default_factory=lambda: env_choice(NUMERICS_ENV, NUMERICS, NUMERICS[0]))
     """``XLASIM_NUMERICS`` when the simulation started: ``tpu`` or ``exact``."""
+    float_storage: str | None = None
+    """How the devices store floating values: ``""`` as their dtype, or the legacy bfloat16
+    variable in force (``xlasim.runtime.legacy_bf16``); None until the first floating tensor."""
     graphs: GraphCache = field(init=False)
     generator: torch.Generator = field(init=False)
     _client: Client | None = field(default=None, init=False, repr=False)

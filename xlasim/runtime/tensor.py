@@ -20,6 +20,7 @@ import torch
 from xlasim.runtime import dry_run, memory
 from xlasim.runtime import errors as _errors
 from xlasim.runtime import graph as _graph
+from xlasim.runtime import legacy_bf16 as _legacy_bf16
 from xlasim.runtime import numerics as _numerics
 from xlasim.runtime import state as _runtime
 from xlasim.runtime.device import FactoryKernels, set_wrapper_shape, xla_strides
@@ -306,7 +307,18 @@ def _new(elem: torch.Tensor, device: torch.device, node: Node | None, rt: Any) -
     r._spec_on_ir = False
     # torch_xla orders a graph's outputs by tensor creation; so do we.
     r._seq = next(_creation_order)
+    if rt is not None and rt.float_storage != "" and elem.is_floating_point():
+        _store_as_legacy_bf16(rt, elem)
     return r
+
+
+def _store_as_legacy_bf16(rt: Any, elem: torch.Tensor) -> None:
+    """XLA_USE_BF16 / XLA_DOWNCAST_BF16, read at the runtime's first floating tensor."""
+    mode = rt.float_storage
+    if mode is None:
+        mode = rt.float_storage = _legacy_bf16.read_mode()
+    if mode:
+        _legacy_bf16.round_in_place(elem, mode)
 
 
 class _OpInfo:
@@ -528,6 +540,8 @@ def _run(info: _OpInfo, args: Any, kwargs: Any) -> Any:
             cargs.append(c)
             consts.append(a if c is a else None)
     facts = (consts, kwargs)
+    if runtime.float_storage:
+        cargs = [_legacy_scalar(c, runtime.float_storage) for c in cargs]
     if kwargs:
         kwargs = {k: _unwrap_other(v, parts, inputs, wrappers, runtime) for k, v in kwargs.items()}
         if info.generator and kwargs.get("generator") is None:
@@ -585,6 +599,15 @@ def _run(info: _OpInfo, args: Any, kwargs: Any) -> Any:
             for i, o in enumerate(out)
         )
     return out
+
+
+def _legacy_scalar(value: Any, mode: str) -> Any:
+    """A scalar argument as XLA_USE_BF16 uploads it (a wrapped number: a 0-dim CPU tensor)."""
+    if type(value) is torch.Tensor and value.dim() == 0 and value.is_floating_point():
+        value = value.clone()
+        _legacy_bf16.round_in_place(value, mode)
+        return value
+    return _legacy_bf16.round_scalar(value, mode)
 
 
 # Set once a manual-sharded value exists: until then no op looks for per-device values.
@@ -709,6 +732,8 @@ def _update(
     """An in-place / out= result: the input tensor gets the new pending node."""
     if _COPIES_SEEN:
         _count_write(o)
+    if w._rt.float_storage:
+        _legacy_bf16.round_in_place(o, w._rt.float_storage)
     if w.shape != o.shape:
         set_wrapper_shape(w, o.shape)
         w._leaf = None
@@ -1083,6 +1108,8 @@ def _copy_(func, args, kwargs):
             _count_write(dst._elem)
         start = time.perf_counter_ns()
         dst._elem.copy_(src, **kwargs)
+        if runtime.float_storage:
+            _legacy_bf16.round_in_place(dst._elem, runtime.float_storage)
         dst._node = None
         if runtime.spmd:
             # torch_xla keeps the data on the host until it is sharded or used.
