@@ -2,12 +2,13 @@
 
 The first step traces the whole forward, backward and optimizer graph and, under SPMD, settles
 every graph output's sharding; a graph pass that revisits shared values grows exponentially
-with the number of skip connections.  Printed: first-step seconds of a residual MLP at depths
-8..64 and of a ResNet-50-shaped network, each without SPMD ("plain"), under SPMD with nothing
-annotated ("spmd") and with sharded weights and batch ("sharded"), and the ratio
-sharded / plain (target <= 1.5x).
+with the number of skip connections, and per-value bookkeeping shows at small widths, where
+the computation itself is cheap.  Printed: first-step seconds of a residual MLP at depths
+8..64, widths 32 (bookkeeping-bound) and 1024 (compute-bound), and of a ResNet-50-shaped
+network, each without SPMD ("plain"), under SPMD with nothing annotated ("spmd") and with
+sharded weights and batch ("sharded"), and the ratio sharded / plain (target <= 1.5x).
 
-    python bench/bench_spmd_graphs.py [--depths 8 16 32 64] [--repeats 3]
+    python bench/bench_spmd_graphs.py [--depths 8 16 32 64] [--widths 32 1024] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -22,9 +23,9 @@ from _models import ResidualMLP, ResNet50Shaped, timed, train_step
 MODES = ("plain", "spmd", "sharded")
 
 
-def _mlp(depth: int) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
+def _mlp(depth: int, width: int) -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
     torch.manual_seed(0)
-    return ResidualMLP(64, depth), torch.randn(16, 64), torch.randn(16, 1)
+    return ResidualMLP(width, depth), torch.randn(16, width), torch.randn(16, 1)
 
 
 def _resnet() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
@@ -72,7 +73,7 @@ def _row(label: str, make, repeats: int) -> None:
             best[mode] = min(best[mode], first_step_seconds(make, mode))
     cells = "  ".join(f"{m} {best[m] * 1e3:8.1f} ms" for m in MODES)
     print(
-        f"{label:<22}{cells}  sharded/plain {best['sharded'] / best['plain']:.2f}x "
+        f"{label:<24}{cells}  sharded/plain {best['sharded'] / best['plain']:.2f}x "
         f"sharded/spmd {best['sharded'] / best['spmd']:.2f}x"
     )
 
@@ -80,6 +81,7 @@ def _row(label: str, make, repeats: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--depths", type=int, nargs="+", default=[8, 16, 32, 64])
+    parser.add_argument("--widths", type=int, nargs="+", default=[32, 1024])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-resnet", action="store_true")
     args = parser.parse_args()
@@ -88,10 +90,15 @@ def main() -> None:
 
     xlasim.register_xla_device()
     for mode in MODES:  # one-time costs (first use of each op) stay out of the rows
-        first_step_seconds(lambda: _mlp(2), mode)
+        first_step_seconds(lambda: _mlp(2, 32), mode)
     print("first train step (target: sharded/plain <= 1.5x)")
-    for depth in args.depths:
-        _row(f"residual MLP depth {depth}", lambda depth=depth: _mlp(depth), args.repeats)
+    for width in args.widths:
+        for depth in args.depths:
+            _row(
+                f"residual MLP w{width} d{depth}",
+                lambda depth=depth, width=width: _mlp(depth, width),
+                args.repeats,
+            )
     if not args.no_resnet:
         for mode in MODES:
             first_step_seconds(_resnet, mode)

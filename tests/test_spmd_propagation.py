@@ -237,3 +237,25 @@ def test_sharded_residual_mlp_of_depth_64_trains_like_eager():
         torch.testing.assert_close(loss.cpu(), expected_loss.detach(), **close)
         for p, q in zip(model.parameters(), eager.parameters(), strict=True):
             torch.testing.assert_close(p.cpu(), q.detach(), **close)
+
+
+def test_values_downstream_of_gspmds_choice_are_its_choice_too():
+    # Reasoned out: a @ w with both sides tiled in kept dimensions is GSPMD's choice, so is
+    # anything computed from it (its transpose included); the sync settles them all and
+    # asking for their spec names the missing propagation.
+    with xlasim.simulate("2x2"):
+        import torch_xla
+        import torch_xla.distributed.spmd as xs
+        import torch_xla.runtime as xr
+
+        xr.use_spmd()
+        mesh = xs.Mesh(np.arange(4), (2, 2), ("x", "y"))
+        a, w = torch.randn(8, 8).to("xla"), torch.randn(8, 8).to("xla")
+        xs.mark_sharding(a, mesh, ("x", "y"))
+        xs.mark_sharding(w, mesh, ("x", "y"))
+        product = a @ w
+        results = [product.t(), product + 1, (product.t() @ a).relu()]
+        torch_xla.sync()
+        for r in results:
+            with pytest.raises(NotImplementedError, match="sharding propagation"):
+                torch_xla._XLAC._get_xla_sharding_spec(r)

@@ -81,8 +81,8 @@ class OpSharding:
     ) -> OpSharding:
         self = object.__new__(cls)
         self._type = ProtoType(proto_type)
-        self._dims = tuple(int(d) for d in dims)
-        self._devices = tuple(int(d) for d in devices)
+        self._dims = tuple(map(int, dims))
+        self._devices = tuple(map(int, devices))
         self._last_tile_dim_replicate = bool(last_tile_dim_replicate)
         return self
 

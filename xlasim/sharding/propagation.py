@@ -76,21 +76,62 @@ def _op_name(op: Any) -> str:
     return name.split("::")[-1].split(".")[0]
 
 
+# An op's name, by id(op) (an OpOverload's own __hash__ and __str__ are Python calls, and a
+# sync asks for every node's); the entry keeps the op alive, so an id is never reused.
+_NAMES: dict[int, tuple[Any, str]] = {}
+# Bounds the memos below: ops and leaf keys are few in a program (its parameters, inputs and
+# op set), so reaching this means something is made per step, and starting over is cheap.
+_MEMO_LIMIT = 8192
+
+
+def _name_of(op: Any) -> str:
+    entry = _NAMES.get(id(op))
+    if entry is None or entry[0] is not op:
+        if len(_NAMES) >= _MEMO_LIMIT:
+            _NAMES.clear()
+        entry = _NAMES[id(op)] = (op, _op_name(op))
+    return entry[1]
+
+
 def _broadcast(shapes: list[tuple[int, ...]]) -> tuple[int, ...] | None:
-    try:
-        return tuple(torch.broadcast_shapes(*shapes))
-    except RuntimeError:
-        return None
+    """``torch.broadcast_shapes`` (None where the shapes do not broadcast), in plain Python:
+    it runs for every sharded elementwise value of a graph."""
+    first = shapes[0] if shapes else ()
+    if all(s == first for s in shapes):
+        return tuple(first)
+    out = [1] * max(len(s) for s in shapes)
+    for s in shapes:
+        offset = len(out) - len(s)
+        for i, d in enumerate(s, offset):
+            if d != out[i]:
+                if out[i] != 1 and d != 1:
+                    return None
+                if out[i] == 1:
+                    out[i] = d
+    return tuple(out)
+
+
+# (shape, sharding) of device-data leaves by their key: the same parameters and inputs feed
+# every step's graph, and parsing their spec text back is most of a leaf's cost.  The
+# shardings are never mutated, so sharing them between syncs is safe.
+_LEAVES: dict[Any, tuple[tuple[int, ...], Any]] = {}
 
 
 def _leaf(value: Any) -> tuple[tuple[int, ...] | None, Any]:
     """(shape, sharding) of a device-data leaf: InputInfo, or its (shape, dtype, spec) key."""
+    found = _LEAVES.get(value)
+    if found is not None:
+        return found
     if isinstance(value, tuple):
         shape, spec = tuple(value[0]), value[2]
     else:
         shape, spec = tuple(value.shape), getattr(value, "sharding", "")
     op = parse_spec(spec)
-    return shape, (TensorSharding(op, shape) if op is not None else None)
+    found = shape, (TensorSharding(op, shape) if op is not None else None)
+    if len(_LEAVES) >= _MEMO_LIMIT:
+        _LEAVES.clear()
+    _LEAVES[value] = found
+    return found
 
 
 def _out_shape(name: str, shapes: list[tuple[int, ...] | None]) -> tuple[int, ...] | None:
@@ -109,12 +150,11 @@ def _out_shape(name: str, shapes: list[tuple[int, ...] | None]) -> tuple[int, ..
     return None
 
 
-def _tiles(s: Any) -> tuple[np.ndarray, int] | None:
-    """A 2-D tiled (or replicated) sharding's device array, shape [d0, d1, replicas], and
-    the replica count; None for anything else (manual, unknown, other ranks)."""
-    if s is None or s.is_replicated:
+def _tiles(op: OpSharding | None) -> tuple[np.ndarray, int] | None:
+    """A 2-D tiled sharding's device array, shape [d0, d1, replicas], and the replica count;
+    None for anything else (unsharded, replicated, manual, other ranks)."""
+    if op is None or op.proto_type in (ProtoType.REPLICATED, ProtoType.UNKNOWN):
         return None
-    op = s.op
     dims = list(op.tile_assignment_dimensions)
     replicas = dims.pop() if op.replicate_on_last_tile_dim else 1
     if op.proto_type != ProtoType.OTHER or len(dims) != 2:
@@ -122,55 +162,85 @@ def _tiles(s: Any) -> tuple[np.ndarray, int] | None:
     return np.array(op.tile_assignment_devices).reshape(*dims, replicas), replicas
 
 
-def _tiled(devices: np.ndarray, shape: tuple[int, ...]) -> TensorSharding:
+def _tiled(devices: np.ndarray) -> OpSharding:
     """The sharding whose device array is ``devices`` ([d0, d1, replicas])."""
     if devices.shape[0] == devices.shape[1] == 1:
-        return TensorSharding(OpSharding.replicated(), shape)
+        return OpSharding.replicated()
     dims = list(devices.shape[:2])
     replicate = devices.shape[2] > 1
     if replicate:
         dims.append(devices.shape[2])
-    op = OpSharding.from_fields(
+    return OpSharding.from_fields(
         ProtoType.OTHER, dims, devices.flatten().tolist(), last_tile_dim_replicate=replicate
     )
-    return TensorSharding(op, shape)
 
 
-def _transposed(s: Any, shape: tuple[int, ...]) -> Any:
-    tiles = _tiles(s)
+def _transposed_op(op: OpSharding) -> Any:
+    tiles = _tiles(op)
     if tiles is None:
         return UNKNOWN
-    return _tiled(tiles[0].transpose(1, 0, 2), shape)
+    return _tiled(tiles[0].transpose(1, 0, 2))
 
 
-def _matmul(a: Any, b: Any, shape: tuple[int, ...]) -> Any:
+def _matmul_op(a: OpSharding | None, b: OpSharding | None) -> Any:
     """GSPMD's sharding of ``a @ b`` (2-D) where one side is replicated, or where only the
     contracted dimension is split (a partial sum, all-reduced): the kept dimension keeps its
     tiles and the devices that held pieces of the contracted one replicate the result
     (measured on torch_xla 2.9, 4 devices, (1, 4) and (2, 2) meshes)."""
-    if a is UNKNOWN or b is UNKNOWN:
-        return UNKNOWN
     a_tiles, b_tiles = _tiles(a), _tiles(b)
-    if (a_tiles is None and not _unsharded(a)) or (b_tiles is None and not _unsharded(b)):
+    if (a_tiles is None and not _unsharded_op(a)) or (b_tiles is None and not _unsharded_op(b)):
         return UNKNOWN  # manual, or not a 2-D tiling
     if a_tiles is not None and b_tiles is not None:
         only_contracted = a_tiles[0].shape[0] == 1 and b_tiles[0].shape[1] == 1
-        return TensorSharding(OpSharding.replicated(), shape) if only_contracted else UNKNOWN
+        return OpSharding.replicated() if only_contracted else UNKNOWN
     if a_tiles is not None:
         devices = a_tiles[0]  # [m, k, replicas]
-        return _tiled(devices.reshape(devices.shape[0], 1, -1), shape)
+        return _tiled(devices.reshape(devices.shape[0], 1, -1))
     if b_tiles is not None:
         devices = b_tiles[0].transpose(1, 0, 2)  # [n, k, replicas]
-        return _tiled(devices.reshape(1, devices.shape[0], -1), shape)
-    return TensorSharding(OpSharding.replicated(), shape)
+        return _tiled(devices.reshape(1, devices.shape[0], -1))
+    return OpSharding.replicated()
 
 
-def _unsharded(s: Any) -> bool:
-    return s is None or (s is not UNKNOWN and s.is_replicated)
+def _unsharded_op(op: OpSharding | None) -> bool:
+    return op is None or op.proto_type in (ProtoType.REPLICATED, ProtoType.UNKNOWN)
+
+
+# Results of the tile arithmetic above by rule and input OpShardings (by identity: the entry
+# keeps them alive): a graph applies it to the same few shardings over and over (a layer's
+# weights share their leaf's), and every step's graph meets them again.
+_DERIVED: dict[tuple[Any, ...], tuple[tuple[Any, ...], Any]] = {}
+
+
+def _derive(rule: Any, *ops: OpSharding | None) -> Any:
+    key = (rule, *map(id, ops))
+    entry = _DERIVED.get(key)
+    if entry is None or any(a is not b for a, b in zip(entry[0], ops, strict=True)):
+        if len(_DERIVED) >= _MEMO_LIMIT:
+            _DERIVED.clear()
+        entry = _DERIVED[key] = (ops, rule(*ops))
+    return entry[1]
+
+
+def _transposed(s: Any, shape: tuple[int, ...]) -> Any:
+    op = _derive(_transposed_op, s.op)
+    return UNKNOWN if op is UNKNOWN else TensorSharding(op, shape)
+
+
+def _matmul(a: Any, b: Any, shape: tuple[int, ...]) -> Any:
+    """:func:`_matmul_op` of two (shape, sharding) shardings."""
+    if a is UNKNOWN or b is UNKNOWN:
+        return UNKNOWN
+    op = _derive(_matmul_op, None if a is None else a.op, None if b is None else b.op)
+    return UNKNOWN if op is UNKNOWN else TensorSharding(op, shape)
 
 
 def _is_replicated(s: Any) -> bool:
     return s is not UNKNOWN and s.is_replicated
+
+
+# (shape, sharding) of a value downstream of one whose sharding only GSPMD could tell.
+_ABSORBED: tuple[None, Any] = (None, UNKNOWN)
 
 
 def _combine(
@@ -178,12 +248,22 @@ def _combine(
 ) -> tuple[tuple[int, ...] | None, Any]:
     """(shape, sharding) of an op's output of ``shape`` (None: not recorded) from its inputs'
     (shape, sharding)."""
-    shardings = [s for _, s in parts]
+    sharded = False
+    for _, s in parts:
+        if s is None:
+            continue
+        if s is UNKNOWN:
+            # GSPMD's choice upstream makes this value's sharding its choice too: every rule
+            # below needs its inputs' shardings.
+            return _ABSORBED
+        if not sharded and not s.is_replicated:
+            sharded = True
     shapes = [shape for shape, _ in parts]
-    name = _op_name(op)
-    if all(s is None or (s is not UNKNOWN and s.is_replicated) for s in shardings):
+    name = _name_of(op)
+    if not sharded:
         # Nothing sharded upstream: the output is replicated.
         return (shape if shape is not None else _out_shape(name, shapes)), None
+    shardings = [s for _, s in parts]
     if name == "t" and len(parts) == 1:
         out = _out_shape(name, shapes)
         return (out, _transposed(shardings[0], out)) if out is not None else (None, UNKNOWN)
@@ -193,7 +273,7 @@ def _combine(
         if out is None or len(parts) < 2 or (bias is not None and not _is_replicated(bias)):
             return None, UNKNOWN
         return out, _matmul(shardings[-2], shardings[-1], out)
-    if _op_name(op) in _ELEMENTWISE_NAMES and all(shape is not None for shape in shapes):
+    if name in _ELEMENTWISE_NAMES and all(shape is not None for shape in shapes):
         out_shape = _broadcast(shapes)
         tiled = [
             s
@@ -228,27 +308,51 @@ class Propagation:
         ``sharding``.  The sharding is a TensorSharding, None (no annotation anywhere
         upstream) or UNKNOWN."""
         memo = self._memo
-        stack: list[tuple[Any, bool]] = [(value, False)]
+        found = memo.get(id(value))
+        if found is not None:
+            return found
+        # A value stays on the stack until its inputs are settled, then is settled itself.
+        stack = [value]
+        push, pop = stack.append, stack.pop
         while stack:
-            item, expanded = stack.pop()
+            item = stack[-1]
             key = id(item)
             if key in memo:
+                pop()
                 continue
             inputs = getattr(item, "inputs", None)
-            annotation = getattr(item, "sharding", None) if inputs is not None else None
             if inputs is None:
                 memo[key] = _leaf(item)
-            elif annotation is not None:
+                pop()
+                continue
+            annotation = getattr(item, "sharding", None)
+            if annotation is not None:
                 # A value the program annotated (mark_sharding of a pending tensor).
                 memo[key] = (tuple(annotation.shape), annotation)
-            elif expanded:
-                shape = getattr(item, "shape", None)
-                memo[key] = _combine(
-                    item.op, None if shape is None else tuple(shape), [memo[id(i)] for i in inputs]
-                )
+                pop()
+                continue
+            missing = sharded = unknown = False
+            for i in inputs:
+                part = memo.get(id(i))
+                if part is None:
+                    push(i)
+                    missing = True
+                elif part[1] is not None:
+                    sharded = True
+                    unknown = unknown or part[1] is UNKNOWN
+            if missing:
+                continue
+            pop()
+            # What _combine gives, without building the inputs' lists, for the two kinds of
+            # value most graphs consist of: nothing annotated upstream, or GSPMD's choice.
+            shape = getattr(item, "shape", None)
+            if unknown:
+                memo[key] = _ABSORBED
+            elif not sharded and shape is not None:
+                memo[key] = (shape, None)
             else:
-                stack.append((item, True))
-                stack.extend((i, False) for i in inputs if id(i) not in memo)
+                parts = [memo[id(i)] for i in inputs]
+                memo[key] = _combine(item.op, None if shape is None else tuple(shape), parts)
         return memo[id(value)]
 
     def output_sharding(self, t: Any) -> Any:

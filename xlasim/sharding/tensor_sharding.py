@@ -17,7 +17,7 @@ class TensorSharding:
 
     def __init__(self, op: OpSharding, shape: Sequence[int], minibatch: bool = False) -> None:
         self.op = op
-        self.shape = tuple(int(d) for d in shape)
+        self.shape = tuple(map(int, shape))
         self.minibatch = bool(minibatch)
 
     def spec_string(self) -> str:
