@@ -3,11 +3,11 @@
 Tolerances were measured on real torch_xla 2.9 CPU against eager CPU torch 2.9 (64x64 inputs):
 float32 add/mul/div/pow/sum are bit-exact; exp, tanh, sigmoid, sqrt, softmax, log_softmax,
 mean and gelu differ by at most 3.8e-6 absolute / 3.3e-7 relative to the value, so they are
-compared with rtol=1e-6, atol=1e-6.  A float32 matmul is bit-exact on XLA:CPU, which ignores the
-mat-mul precision; on a TPU, at the 'highest' precision this suite runs at (six bfloat16 passes,
-about 22 bits), it is within MATMUL_TOL.  bfloat16 elementwise ops and matmul are bit-exact; bfloat16
-reductions (sum, mean, softmax) are not compared: XLA accumulates them differently from eager CPU
-(up to 4% apart), so neither result is "the" answer.
+compared with rtol=1e-6, atol=1e-6.  A float32 matmul is bit-exact on XLA:CPU, which ignores
+the mat-mul precision; on a TPU, at the 'highest' precision this suite runs at (six bfloat16
+passes, about 22 bits), it is within MATMUL_TOL.  bfloat16 elementwise ops and matmul are
+bit-exact; bfloat16 reductions (sum, mean, softmax) are not compared: XLA accumulates them
+differently from eager CPU (up to 4% apart), so neither result is "the" answer.
 """
 
 from __future__ import annotations

@@ -82,7 +82,9 @@ def test_default_precision_and_its_setter(xla_target, caplog):
     for bad in ("bogus", "HIGH", None):
         with pytest.raises(ValueError) as info:
             backends.set_mat_mul_precision(bad)
-        assert str(info.value) == f"Invalid precision: {bad}. Must be one of default, high, highest."
+        assert (
+            str(info.value) == f"Invalid precision: {bad}. Must be one of default, high, highest."
+        )
     assert backends.get_mat_mul_precision() == "high"
 
 
@@ -98,7 +100,8 @@ def test_float32_matmul_computes_at_the_precision(xla_target, level):
     got = (a.to(dev) @ b.to(dev)).cpu().double()
     scale = a.double().abs() @ b.double().abs()  # the sum of |products| of each output
     if not _is_tpu_numerics(xla_target):
-        assert torch.equal(got.float(), a @ b)
+        # float32 at every level (XLA:CPU sums in its own order: not bit-equal to torch's).
+        assert ((got - a.double() @ b.double()).abs() <= 256 * _U * scale).all()
         return
     expected = _definition(a, b, level)
     # The device sums the kept products in float32: within 256 roundings of each output's scale.
@@ -133,7 +136,9 @@ def test_error_bounds_of_each_level(xla_target, level):
     a = _normals(256, 1, seed=3)
     # Small integers are exact in bfloat16: these products carry only a's representation error.
     exact_operand = torch.randint(1, 9, (1, 256), generator=torch.Generator().manual_seed(4))
-    for b, bound in zip((exact_operand.float(), _normals(1, 256, seed=4)), _BOUNDS[level]):
+    for b, bound in zip(
+        (exact_operand.float(), _normals(1, 256, seed=4)), _BOUNDS[level], strict=True
+    ):
         got = (a.to(dev) @ b.to(dev)).cpu().double()
         exact = a.double() @ b.double()
         relative = ((got - exact).abs() / exact.abs()).max().item()

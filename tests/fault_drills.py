@@ -362,7 +362,11 @@ def run_drill(
     ray.cloudpickle.register_pickle_by_value(sockets)
     out, storage = work / "out", work / "storage"
     out.mkdir(parents=True, exist_ok=True)
-    env = {"XLASIM_HOSTS_TIMEOUT_S": str(hosts_timeout_s)} if hosts_timeout_s else None
+    env = {"XLASIM_HOSTS_TIMEOUT_S": str(hosts_timeout_s)} if hosts_timeout_s else {}
+    # The hosts compute at the precision the test runs at (its mat_mul_precision mark).
+    precision = os.environ.get("XLASIM_MAT_MUL_PRECISION")
+    if precision:
+        env["XLASIM_MAT_MUL_PRECISION"] = precision
     callback = Registered(str(out))
     trainer = tpu_backend.TorchTrainer(
         drill_loop,

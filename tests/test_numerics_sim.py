@@ -104,9 +104,13 @@ def test_exact_numerics_switch_keeps_the_cpu_kernels(monkeypatch):
 
 def test_a_bad_numerics_value_is_refused_before_the_simulation_starts(monkeypatch):
     monkeypatch.setenv("XLASIM_NUMERICS", "fast")
-    with pytest.raises(EnvError, match=r"XLASIM_NUMERICS='fast' is not valid: use one of tpu, exact"):
-        with xlasim.simulate("2x2x1", "v4"):
-            pass
+    with (
+        pytest.raises(
+            EnvError, match=r"XLASIM_NUMERICS='fast' is not valid: use one of tpu, exact"
+        ),
+        xlasim.simulate("2x2x1", "v4"),
+    ):
+        pass
 
 
 def test_bad_precision_names_are_refused_with_xlas_error(xlasim_sim):

@@ -94,8 +94,9 @@ static inline __attribute__((always_inline)) float xlasim_bf16(float v) {
 #endif
 
 template <int N, bool CUMULATIVE>
-XLASIM_WIDE_VECTORS static void xlasim_parts(const float* __restrict s, float* __restrict d0, float* __restrict d1,
-                         float* __restrict d2, int64_t begin, int64_t end) {
+XLASIM_WIDE_VECTORS static void xlasim_parts(const float* __restrict s, float* __restrict d0,
+                                             float* __restrict d1, float* __restrict d2,
+                                             int64_t begin, int64_t end) {
   for (int64_t i = begin; i < end; ++i) {
     float rest = s[i];
     float sum = 0.0f;

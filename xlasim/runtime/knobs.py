@@ -106,7 +106,9 @@ def env_choice(
         return default
     if raw.lower() in choices:
         return raw.lower()
-    raise EnvError(f"{name}={raw!r} is not valid: use one of {', '.join(choices)}, or leave it unset")
+    raise EnvError(
+        f"{name}={raw!r} is not valid: use one of {', '.join(choices)}, or leave it unset"
+    )
 
 
 def env_float(

@@ -45,4 +45,4 @@ def get_mat_mul_precision() -> Literal["default", "high", "highest"]:
     assert precision in _VALID, (
         f"Invalid precision: {precision}. Must be one of {_VALID[0]}, {_VALID[1]}, {_VALID[2]}."
     )
-    return precision  # type: ignore[no-any-return]
+    return precision
