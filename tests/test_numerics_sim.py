@@ -138,3 +138,19 @@ def test_changing_the_precision_after_device_ops_warns_of_the_difference(xlasim_
     a.to("xla") @ b.to("xla")
     with pytest.warns(UserWarning, match="at the level in force when its graph is first compiled"):
         torch_xla._XLAC._xla_set_mat_mul_precision("highest")
+
+
+def test_processes_can_start_at_another_precision(monkeypatch):
+    monkeypatch.setenv("XLASIM_MAT_MUL_PRECISION", "highest")
+    with xlasim.simulate("2x2x1", "v4"):
+        import torch_xla
+        import torch_xla.backends as backends
+
+        assert backends.get_mat_mul_precision() == "highest"
+        a, b = _operands(6)
+        got = (a.to(torch_xla.device()) @ b.to(torch_xla.device())).cpu()
+        torch.testing.assert_close(got, a @ b, rtol=1e-5, atol=1e-5)
+    monkeypatch.setenv("XLASIM_MAT_MUL_PRECISION", "fastest")
+    refused = pytest.raises(EnvError, match=r"XLASIM_MAT_MUL_PRECISION='fastest' is not valid")
+    with refused, xlasim.simulate("2x2x1", "v4"):
+        pass
