@@ -51,22 +51,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     _check_xdist_groups(config, items)
 
 
+_GROUP_LOST = pytest.StashKey[str]()
+
+
 def _check_xdist_groups(config: pytest.Config, items: list[pytest.Item]) -> None:
     # pytest-xdist's --dist loadgroup puts a test's group into its node id on the worker
     # ("...::test@ray") and the controller schedules by that suffix; where the two disagree
     # (pytest 9.2 keeps node ids in a form that pytest-xdist 3.8 does not write to), the groups
     # are silently ignored, Ray tests run on both workers at once and a module's cluster starts
-    # on each. Fail the run instead.
+    # on each. Such a run fails every grouped test at once, saying why (an error raised here
+    # would reach the user only as an xdist internal error).
     if not getattr(config.option, "loadgroup", False):
         return
-    lost = [
-        item.nodeid
-        for item in items
-        if item.get_closest_marker("xdist_group") is not None and "@" not in item.nodeid
-    ]
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None and "@" not in item.nodeid:
+            item.stash[_GROUP_LOST] = (
+                "--dist loadgroup did not keep this test's xdist_group: this pytest-xdist "
+                f"does not support pytest {pytest.__version__} (see the pytest pin in "
+                "pyproject.toml)"
+            )
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    lost = item.stash.get(_GROUP_LOST, None)
     if lost:
-        raise pytest.UsageError(
-            f"--dist loadgroup did not group {len(lost)} test(s) marked xdist_group (e.g. "
-            f"{lost[0]}): this pytest-xdist does not support this pytest; see the pytest pin "
-            "in pyproject.toml"
-        )
+        pytest.fail(lost, pytrace=False)
