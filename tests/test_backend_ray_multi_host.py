@@ -1,10 +1,11 @@
 """tpu_backend.TorchTrainer on simulated multi-host slices: v4-16 (2x2x2, 2 hosts x 4
 chips) and v6e-16 (4x4, 4 hosts x 4 chips).
 
-Each test starts its own fake-TPU Ray cluster (one Ray node per host, as Ray's own TPU
-tests fake them), lets Ray's ``SlicePlacementGroup`` place one worker per host, runs an
-SPMD training loop and checks what every host saw.  Every fit is bounded in time and the
-cluster is torn down even when the test fails.
+Each test trains on a fake-TPU Ray cluster of its slice (one Ray node per host, as Ray's own
+TPU tests fake them; kept up for the next test on that slice, see tests/shared_clusters.py),
+lets Ray's ``SlicePlacementGroup`` place one worker per host, runs an SPMD training loop and
+checks what every host saw.  Every fit is bounded in time and the cluster is torn down even
+when the test fails.
 """
 
 from __future__ import annotations
@@ -13,10 +14,7 @@ import pytest
 
 pytest.importorskip("ray.train")
 
-import ray  # noqa: E402
-
 from xlasim import demo  # noqa: E402
-from xlasim.ray_cluster import simulated_tpu_cluster  # noqa: E402
 
 # One Ray cluster at a time on this machine: xdist runs the "ray" group on one worker.
 pytestmark = [pytest.mark.timeout(900), pytest.mark.xdist_group("ray")]
@@ -30,19 +28,20 @@ pytestmark = [pytest.mark.timeout(900), pytest.mark.xdist_group("ray")]
     ],
     ids=["v4-16", "v6e-16"],
 )
-def test_spmd_training_on_every_host(topology, accelerator, hosts, devices, mesh, tmp_path):
-    with simulated_tpu_cluster(topology, accelerator, startup_timeout_s=180) as cluster:
-        assert cluster.spec.num_hosts == hosts
-        _, records = demo.run(
-            topology,
-            accelerator,
-            steps=4,
-            batch=32,
-            out_dir=str(tmp_path / "records"),
-            storage_path=str(tmp_path / "ray_results"),
-            fit_timeout_s=600,
-        )
-    assert not ray.is_initialized()
+def test_spmd_training_on_every_host(
+    tpu_clusters, topology, accelerator, hosts, devices, mesh, tmp_path
+):
+    cluster = tpu_clusters.get(topology, accelerator, startup_timeout_s=180)
+    assert cluster.spec.num_hosts == hosts
+    _, records = demo.run(
+        topology,
+        accelerator,
+        steps=4,
+        batch=32,
+        out_dir=str(tmp_path / "records"),
+        storage_path=str(tmp_path / "ray_results"),
+        fit_timeout_s=600,
+    )
 
     # one worker per host, each with its own host index = its TPU worker id
     assert [r["host_index"] for r in records] == list(range(hosts))

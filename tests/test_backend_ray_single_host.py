@@ -1,7 +1,8 @@
 """The backend on a simulated single-host v6e 2x4 slice, and the errors that need workers.
 
 One fake-TPU Ray cluster (one node = the host, 8 chips) is shared by the tests of this
-module; every fit is bounded in time and the cluster is torn down at the end.
+module (tests/shared_clusters.py); every fit is bounded in time and the cluster is torn down
+at the end.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import pytest
 
 pytest.importorskip("ray.train")
 
-import ray  # noqa: E402
 from docs_examples import cluster_driver_command, env_for, python_examples, run  # noqa: E402
 from ray.train import RunConfig, ScalingConfig  # noqa: E402
 
@@ -23,7 +23,6 @@ from xlasim.ray_cluster import (  # noqa: E402
     error_chain_text,
     fit_with_deadline,
     release_placement_groups,
-    simulated_tpu_cluster,
 )
 
 FIT_TIMEOUT_S = 300
@@ -31,11 +30,9 @@ FIT_TIMEOUT_S = 300
 pytestmark = [pytest.mark.timeout(900), pytest.mark.xdist_group("ray")]
 
 
-@pytest.fixture(scope="module")
-def v6e_8_cluster():
-    with simulated_tpu_cluster("2x4", "v6e", startup_timeout_s=120) as cluster:
-        yield cluster
-    assert not ray.is_initialized()
+@pytest.fixture
+def v6e_8_cluster(tpu_clusters):
+    return tpu_clusters.get("2x4", "v6e", startup_timeout_s=120)
 
 
 def _trainer(tmp_path, *, torch_config=None, scaling=None, run_env=None, steps=3):

@@ -29,9 +29,10 @@ CPU_DEVICES = 4
 
 
 @pytest.fixture(scope="module")
-def local_ray():
+def local_ray(tpu_clusters):
     import ray
 
+    tpu_clusters.release()  # a cluster kept for other tests goes first
     if ray.is_initialized():
         pytest.skip("ray is already initialized in this process")
     # address="local": a new cluster of its own, never one another process started here.

@@ -18,10 +18,15 @@ from xlasim.ray_cluster import (  # noqa: E402
     simulated_tpu_cluster,
 )
 
-# One Ray cluster at a time on this machine: xdist runs the "ray" group on one worker.
 _CLEANER_LOGGER = "ray.train.v2._internal.execution.controller.placement_group_cleaner"
 
-pytestmark = [pytest.mark.timeout(600), pytest.mark.xdist_group("ray")]
+# One Ray cluster at a time on this machine: xdist runs the "ray" group on one worker. Each test
+# here starts its own cluster (or none): a cluster kept by an earlier test goes first.
+pytestmark = [
+    pytest.mark.timeout(600),
+    pytest.mark.xdist_group("ray"),
+    pytest.mark.usefixtures("no_shared_cluster"),
+]
 
 
 @pytest.fixture

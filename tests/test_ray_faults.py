@@ -4,7 +4,7 @@ and leaves no placement group, actor or worker process behind.
 
 The drills themselves (the training loop and how each fault is injected) are in
 ``fault_drills.py``; ``bench/bench_faults.py`` measures how long each takes to be noticed.
-One fake-TPU Ray cluster serves the whole module.
+One fake-TPU Ray cluster serves the whole module (and the other tests on a v4-16).
 """
 
 from __future__ import annotations
@@ -18,8 +18,6 @@ import ray._private.state  # noqa: E402
 from fault_drills import expected_losses, leftovers, read_log, run_drill  # noqa: E402
 from sockets import is_loopback  # noqa: E402
 
-from xlasim.ray_cluster import simulated_tpu_cluster  # noqa: E402
-
 # One Ray cluster at a time on this machine: xdist runs the "ray" group on one worker.
 pytestmark = [pytest.mark.timeout(900), pytest.mark.xdist_group("ray")]
 
@@ -31,11 +29,9 @@ HANG_BOUND_S = 20
 what one step takes on a loaded machine."""
 
 
-@pytest.fixture(scope="module")
-def v4_16_cluster():
-    with simulated_tpu_cluster("2x2x2", "v4", startup_timeout_s=180) as cluster:
-        yield cluster
-    assert not ray.is_initialized()
+@pytest.fixture
+def v4_16_cluster(tpu_clusters):
+    return tpu_clusters.get("2x2x2", "v4", startup_timeout_s=180)
 
 
 def _drill(tmp_path, fault, **kwargs):

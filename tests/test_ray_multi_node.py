@@ -31,6 +31,7 @@ import pytest
 pytest.importorskip("ray.train")
 
 import yaml  # noqa: E402  (Ray's own dependency)
+from shared_clusters import RAY_TEST_ENV  # noqa: E402
 
 from tpu_backend.topology import parse_slice  # noqa: E402
 from xlasim import ray_node  # noqa: E402
@@ -323,12 +324,15 @@ def _stop_machine(machine: Machine) -> None:
 
 
 @pytest.fixture(scope="module")
-def live_cluster():
+def live_cluster(tpu_clusters):
+    # Its nodes are started beside this process: no other cluster of this process runs then.
+    tpu_clusters.release()
     # Short: Ray's socket paths under the temp dir have a length limit.
     temp_dir = Path(tempfile.mkdtemp(prefix="xrn-"))
     log_dir = temp_dir / "logs"
     log_dir.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("XLASIM_", "RAY_"))}
+    env.update(RAY_TEST_ENV)  # the Ray settings of every cluster the tests start
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     # A cluster of our own, with its own token: no one else's driver or node joins it.
     env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16))

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from shared_clusters import run_env
 
 import xlasim
 from tpu_backend.precision import SeamlessConfig
@@ -410,7 +411,7 @@ def _eager_global_batches(hosts: int) -> list[float]:
 @pytest.mark.timeout(900)
 @pytest.mark.xdist_group("ray")  # one Ray cluster at a time on this machine
 @pytest.mark.mat_mul_precision("highest")
-def test_same_loop_in_ray_train_on_gloo_and_on_a_simulated_slice(tmp_path):
+def test_same_loop_in_ray_train_on_gloo_and_on_a_simulated_slice(tpu_clusters, tmp_path):
     pytest.importorskip("ray.train")
     import ray
     import ray.cloudpickle
@@ -419,12 +420,11 @@ def test_same_loop_in_ray_train_on_gloo_and_on_a_simulated_slice(tmp_path):
     from ray.train.torch import TorchTrainer as RayTorchTrainer
 
     import tpu_backend
-    from xlasim.ray_cluster import fit_with_deadline, simulated_tpu_cluster
+    from xlasim.ray_cluster import fit_with_deadline
 
     # Workers cannot import this test module: ship the loop by value.
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    if ray.is_initialized():
-        ray.shutdown()
+    tpu_clusters.release()  # this process's Ray connection is the plain cluster's first
 
     # (a) plain Ray Train, 2 CPU workers, gloo
     gloo_out = tmp_path / "gloo"
@@ -447,16 +447,16 @@ def test_same_loop_in_ray_train_on_gloo_and_on_a_simulated_slice(tmp_path):
     # (b) tpu_backend.TorchTrainer on a simulated single-host v6e 2x2 slice (SPMD, 4 chips)
     tpu_out = tmp_path / "tpu"
     tpu_out.mkdir()
-    with simulated_tpu_cluster("2x2", "v6e", startup_timeout_s=120):
-        trainer = tpu_backend.TorchTrainer(
-            _ray_loop,
-            train_loop_config={"out_dir": str(tpu_out)},
-            scaling_config=ScalingConfig(
-                use_tpu=True, topology="2x2", accelerator_type="TPU-V6E", num_workers=1
-            ),
-            run_config=RunConfig(storage_path=str(tmp_path / "ray_tpu")),
-        )
-        fit_with_deadline(trainer, 300)
+    tpu_clusters.get("2x2", "v6e", startup_timeout_s=120)
+    trainer = tpu_backend.TorchTrainer(
+        _ray_loop,
+        train_loop_config={"out_dir": str(tpu_out)},
+        scaling_config=ScalingConfig(
+            use_tpu=True, topology="2x2", accelerator_type="TPU-V6E", num_workers=1
+        ),
+        run_config=RunConfig(storage_path=str(tmp_path / "ray_tpu"), worker_runtime_env=run_env()),
+    )
+    fit_with_deadline(trainer, 300)
     tpu = json.loads((tpu_out / "result0.json").read_text())
     assert tpu["kind"] == "xla" and tpu["spmd"] is True
 
@@ -472,7 +472,8 @@ def test_same_loop_in_ray_train_on_gloo_and_on_a_simulated_slice(tmp_path):
 
 
 @pytest.mark.timeout(900)
-def test_backend_compile_cache_makes_the_second_run_compile_nothing(tmp_path):
+@pytest.mark.xdist_group("ray")  # one Ray cluster at a time on this machine
+def test_backend_compile_cache_makes_the_second_run_compile_nothing(tpu_clusters, tmp_path):
     """TPUTorchConfig(compilation_cache_dir=...) opens torch_xla's persistent cache on the
     worker before any computation; a second fit() of the same loop loads every graph."""
     pytest.importorskip("ray.train")
@@ -481,28 +482,26 @@ def test_backend_compile_cache_makes_the_second_run_compile_nothing(tmp_path):
     from ray.train import RunConfig, ScalingConfig
 
     import tpu_backend
-    from xlasim.ray_cluster import fit_with_deadline, simulated_tpu_cluster
+    from xlasim.ray_cluster import fit_with_deadline
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    if ray.is_initialized():
-        ray.shutdown()
     cache_dir = tmp_path / "xla-cache"
     results = []
-    with simulated_tpu_cluster("2x2", "v6e", startup_timeout_s=120):
-        for run in range(2):
-            out = tmp_path / f"run{run}"
-            out.mkdir()
-            trainer = tpu_backend.TorchTrainer(
-                _ray_loop,
-                train_loop_config={"out_dir": str(out), "epochs": 1},
-                torch_config=tpu_backend.TPUTorchConfig(compilation_cache_dir=str(cache_dir)),
-                scaling_config=ScalingConfig(
-                    use_tpu=True, topology="2x2", accelerator_type="TPU-V6E", num_workers=1
-                ),
-                run_config=RunConfig(storage_path=str(tmp_path / f"ray{run}")),
-            )
-            fit_with_deadline(trainer, 300)
-            results.append(json.loads((out / "result0.json").read_text()))
+    tpu_clusters.get("2x2", "v6e", startup_timeout_s=120)
+    for run in range(2):
+        out = tmp_path / f"run{run}"
+        out.mkdir()
+        trainer = tpu_backend.TorchTrainer(
+            _ray_loop,
+            train_loop_config={"out_dir": str(out), "epochs": 1},
+            torch_config=tpu_backend.TPUTorchConfig(compilation_cache_dir=str(cache_dir)),
+            scaling_config=ScalingConfig(
+                use_tpu=True, topology="2x2", accelerator_type="TPU-V6E", num_workers=1
+            ),
+            run_config=RunConfig(storage_path=str(tmp_path / f"ray{run}")),
+        )
+        fit_with_deadline(trainer, 300)
+        results.append(json.loads((out / "result0.json").read_text()))
     first, second = (r["cache"] for r in results)
     assert first["persistent_cache_dir"].startswith(str(cache_dir))
     assert "v6e-4-2x2" in first["persistent_cache_dir"]
@@ -515,7 +514,8 @@ def test_backend_compile_cache_makes_the_second_run_compile_nothing(tmp_path):
 
 @pytest.mark.timeout(900)
 @pytest.mark.mat_mul_precision("highest")
-def test_same_loop_on_a_multi_host_simulated_slice(tmp_path):
+@pytest.mark.xdist_group("ray")  # one Ray cluster at a time on this machine
+def test_same_loop_on_a_multi_host_simulated_slice(tpu_clusters, tmp_path):
     """v4-16 (2 hosts x 4 chips, mesh (2, 4) over ('data', 'model')): every host runs the
     loop on the same global batch and sees the loss curve of the CPU run.
 
@@ -528,33 +528,33 @@ def test_same_loop_on_a_multi_host_simulated_slice(tmp_path):
     from ray.train import RunConfig, ScalingConfig
 
     import tpu_backend
-    from xlasim.ray_cluster import fit_with_deadline, simulated_tpu_cluster
+    from xlasim.ray_cluster import fit_with_deadline
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    if ray.is_initialized():
-        ray.shutdown()
     cpu = same_loop({"settings": {"device": "cpu"}})
     out = tmp_path / "v4-16"
     out.mkdir()
-    with simulated_tpu_cluster("2x2x2", "v4", startup_timeout_s=120):
-        trainer = tpu_backend.TorchTrainer(
-            _ray_loop,
-            train_loop_config={"out_dir": str(out)},
-            scaling_config=ScalingConfig(
-                use_tpu=True, topology="2x2x2", accelerator_type="TPU-V4", num_workers=2
-            ),
-            run_config=RunConfig(storage_path=str(tmp_path / "ray")),
-        )
-        fit_with_deadline(trainer, 400)
-        trainer = tpu_backend.TorchTrainer(
-            _ray_helpers_loop,
-            train_loop_config={"out_dir": str(out)},
-            scaling_config=ScalingConfig(
-                use_tpu=True, topology="2x2x2", accelerator_type="TPU-V4", num_workers=2
-            ),
-            run_config=RunConfig(storage_path=str(tmp_path / "ray-helpers")),
-        )
-        fit_with_deadline(trainer, 400)
+    tpu_clusters.get("2x2x2", "v4", startup_timeout_s=120)
+    trainer = tpu_backend.TorchTrainer(
+        _ray_loop,
+        train_loop_config={"out_dir": str(out)},
+        scaling_config=ScalingConfig(
+            use_tpu=True, topology="2x2x2", accelerator_type="TPU-V4", num_workers=2
+        ),
+        run_config=RunConfig(storage_path=str(tmp_path / "ray"), worker_runtime_env=run_env()),
+    )
+    fit_with_deadline(trainer, 400)
+    trainer = tpu_backend.TorchTrainer(
+        _ray_helpers_loop,
+        train_loop_config={"out_dir": str(out)},
+        scaling_config=ScalingConfig(
+            use_tpu=True, topology="2x2x2", accelerator_type="TPU-V4", num_workers=2
+        ),
+        run_config=RunConfig(
+            storage_path=str(tmp_path / "ray-helpers"), worker_runtime_env=run_env()
+        ),
+    )
+    fit_with_deadline(trainer, 400)
     hosts = [json.loads((out / f"result{h}.json").read_text()) for h in (0, 1)]
     for host in hosts:
         assert host["kind"] == "xla" and host["spmd"] and host["num_processes"] == 2

@@ -61,9 +61,6 @@ SIMULATION_RUNTIME_ENV: dict[str, Any] = {
         "XLASIM_ACCELERATOR": "${XLASIM_NODE_ACCELERATOR}",
         "XLASIM_HOST_INDEX": "${XLASIM_NODE_HOST_INDEX}",
         "XLASIM_HOSTS_ADDR": "${XLASIM_NODE_HOSTS_ADDR}",
-        # How the simulated chips compute, as the cluster was started with.
-        "XLASIM_NUMERICS": "${XLASIM_NUMERICS}",
-        "XLASIM_MAT_MUL_PRECISION": "${XLASIM_MAT_MUL_PRECISION}",
     },
     "worker_process_setup_hook": "xlasim.ray_cluster.job_worker_setup",
 }
