@@ -86,6 +86,20 @@ def test_default_precision_and_its_setter(xla_target, caplog):
             str(info.value) == f"Invalid precision: {bad}. Must be one of default, high, highest."
         )
     assert backends.get_mat_mul_precision() == "high"
+    # The binding under it is XLA's StringToPrecision: any case, no other names.
+    torch_xla._XLAC._xla_set_mat_mul_precision("HIGHEST")
+    assert backends.get_mat_mul_precision() == "highest"
+    for bad in ("bogus", "packed_nibble", "", " high"):
+        with pytest.raises(RuntimeError) as info:
+            torch_xla._XLAC._xla_set_mat_mul_precision(bad)
+        assert str(info.value) == "Unknown precision"
+    with pytest.raises(TypeError) as info:
+        torch_xla._XLAC._xla_set_mat_mul_precision(3)
+    assert str(info.value) == (
+        "_xla_set_mat_mul_precision(): incompatible function arguments. The following argument "
+        "types are supported:\n    1. (arg0: str) -> None\n\nInvoked with: 3"
+    )
+    assert backends.get_mat_mul_precision() == "highest"
 
 
 @pytest.mark.parametrize("level", ["default", "high", "highest"])

@@ -25,7 +25,7 @@ run with ``XLASIM_NUMERICS=exact`` -- which is *not* what a TPU computes.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -34,19 +34,14 @@ from xlasim.runtime import state as _runtime
 from xlasim.runtime.knobs import PRECISIONS
 
 __all__ = [
-    "DEFAULT_PRECISION",
     "PRECISIONS",
     "emulated",
     "level",
-    "matmul_class_ops",
     "parts",
     "set_precision",
 ]
 
 aten = torch.ops.aten
-
-DEFAULT_PRECISION = PRECISIONS[0]
-"""torch_xla 2.9's C++ default (``XlaHelpers::s_mat_mul_precision``)."""
 
 _F32 = torch.float32
 _BF16 = torch.bfloat16
@@ -247,8 +242,3 @@ def emulated(op: Any) -> Callable[..., Any] | None:
     precision and operand dtypes), or None when ``op`` is not matmul-class."""
     make = _EMULATED.get(op)
     return make(op) if make is not None else None
-
-
-def matmul_class_ops() -> Sequence[Any]:
-    """The aten overloads whose float32 and bfloat16 results follow the TPU's matrix unit."""
-    return tuple(_EMULATED)
