@@ -73,6 +73,8 @@ def cluster_driver_command(example: Example, address: str) -> list[str]:
 
 def env_for(home: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("XLASIM_", "PYTEST_"))}
+    if os.environ.get("XLASIM_MAT_MUL_PRECISION"):  # a test's mat_mul_precision mark
+        env["XLASIM_MAT_MUL_PRECISION"] = os.environ["XLASIM_MAT_MUL_PRECISION"]
     env.pop("PJRT_DEVICE", None)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     # A private home (Ray Train writes results under it) that keeps torch's extension cache.

@@ -181,6 +181,7 @@ def _result(script: str, target: str, tmp_path, slice_: tuple[str, str] = ("1x1"
     return json.loads(line.removeprefix("RESULT "))
 
 
+@pytest.mark.mat_mul_precision("highest")  # compared with eager CPU
 def test_accelerate_trains_on_xla_as_on_cpu(tmp_path):
     pytest.importorskip("accelerate")
     cpu = _result(ACCELERATE_LOOP, "cpu", tmp_path)
@@ -195,6 +196,7 @@ def test_accelerate_trains_on_xla_as_on_cpu(tmp_path):
     assert xla["losses"] == pytest.approx(cpu["losses"], rel=1e-6)
 
 
+@pytest.mark.mat_mul_precision("highest")  # compared with eager CPU
 def test_lightning_trains_on_tpu_as_on_cpu(tmp_path):
     pytest.importorskip("lightning")
     cpu = _result(LIGHTNING_LOOP, "cpu", tmp_path)
@@ -209,6 +211,7 @@ def _replica_means(losses: list[list[float]]) -> list[float]:
     return [sum(step) / len(step) for step in zip(*losses, strict=True)]
 
 
+@pytest.mark.mat_mul_precision("highest")  # compared with eager CPU
 def test_accelerate_trains_on_four_chips_as_on_cpu(tmp_path):
     pytest.importorskip("accelerate")
     cpu = _result(ACCELERATE_LOOP, "cpu", tmp_path)
@@ -222,6 +225,7 @@ def test_accelerate_trains_on_four_chips_as_on_cpu(tmp_path):
     assert _replica_means(chips["losses"]) == pytest.approx(cpu["losses"], rel=1e-5)
 
 
+@pytest.mark.mat_mul_precision("highest")  # compared with eager CPU
 def test_lightning_trains_on_every_chip_as_on_cpu(tmp_path):
     pytest.importorskip("lightning")
     chips = _result(LIGHTNING_ON_CHIPS, "xla", tmp_path, ("2x2x1", "v4"))
