@@ -304,9 +304,12 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     # Autograd fixes its set of devices at a process's first backward pass: an eager CPU test
     # that trains before this process's first simulator test would make that test and every
     # later one fail, depending on test order (and xdist's distribution). Registering the
-    # simulated device up front makes the order irrelevant. Not where the real torch_xla can be
-    # imported: a test of it in this process registers the real device itself.
-    if session.config.option.collectonly or real_torch_xla_unavailable() is None:
+    # simulated device up front makes the order irrelevant -- also where real torch_xla is
+    # installed (its targets run in child processes; and an in-process import of it after this
+    # registration still gets its own device, checked on torch_xla 2.9), unless this process
+    # has imported it already.
+    real = sys.modules.get("torch_xla")
+    if session.config.option.collectonly or (real is not None and not _is_simulator(real)):
         return
     if any(map(_runs_simulated, session.items)):
         import xlasim  # deferred: the real-target child loads this file without the package
@@ -333,6 +336,11 @@ def _slice_for(node: pytest.Item, config: pytest.Config) -> SliceSpec:
 
 # ---------------------------------------------------------------------------------------------
 # Simulator contexts
+
+
+def _is_simulator(module: Any) -> bool:
+    path = getattr(module, "__file__", None)
+    return path is not None and _XLASIM_DIR in Path(path).resolve().parents
 
 
 def _check_simulated_torch_xla(target: XlaTarget) -> None:
