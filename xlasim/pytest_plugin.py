@@ -308,8 +308,10 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     # installed (its targets run in child processes; and an in-process import of it after this
     # registration still gets its own device, checked on torch_xla 2.9), unless this process
     # has imported it already.
-    real = sys.modules.get("torch_xla")
-    if session.config.option.collectonly or (real is not None and not _is_simulator(real)):
+    imported = sys.modules.get("torch_xla")
+    path = getattr(imported, "__file__", None)
+    real = imported is not None and not (path and _in_simulator(path))
+    if session.config.option.collectonly or real:
         return
     if any(map(_runs_simulated, session.items)):
         import xlasim  # deferred: the real-target child loads this file without the package
@@ -338,15 +340,15 @@ def _slice_for(node: pytest.Item, config: pytest.Config) -> SliceSpec:
 # Simulator contexts
 
 
-def _is_simulator(module: Any) -> bool:
-    path = getattr(module, "__file__", None)
-    return path is not None and _XLASIM_DIR in Path(path).resolve().parents
+def _in_simulator(path: str) -> bool:
+    """Whether a module file is one of the simulator's (its ``torch_xla`` included)."""
+    return _XLASIM_DIR in Path(path).resolve().parents
 
 
 def _check_simulated_torch_xla(target: XlaTarget) -> None:
     module = sys.modules.get("torch_xla")
     path = getattr(module, "__file__", None)
-    if path and _XLASIM_DIR not in Path(path).resolve().parents:
+    if path and not _in_simulator(path):
         raise RuntimeError(
             f"target {target}: the torch_xla imported by this test is {path}, not the simulator"
         )
@@ -421,6 +423,8 @@ def _xlasim_shared_simulation() -> Iterator[_SharedSimulation]:
         shared.close()
 
 
+# xlasim.runtime.knobs's PRECISIONS and MAT_MUL_PRECISION_ENV, restated: the real-target child
+# loads this file without the xlasim package.
 _PRECISIONS = ("default", "high", "highest")
 _PRECISION_ENV = "XLASIM_MAT_MUL_PRECISION"
 
@@ -459,22 +463,12 @@ def _mat_mul_precision(node: pytest.Item) -> Iterator[None]:
 
 
 @pytest.fixture(autouse=True)
-def _xlasim_mat_mul_precision_env(request: pytest.FixtureRequest) -> Iterator[None]:
+def _xlasim_mat_mul_precision_env(request: pytest.FixtureRequest) -> None:
     """Under a ``mat_mul_precision`` mark, the simulated processes the test starts (hosts,
     spawned replicas, Ray clusters, ``xlasim run``) start at that level too."""
     level = _precision_mark(request.node)
-    if level is None:
-        yield
-        return
-    saved = os.environ.get(_PRECISION_ENV)
-    os.environ[_PRECISION_ENV] = level
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop(_PRECISION_ENV, None)
-        else:
-            os.environ[_PRECISION_ENV] = saved
+    if level is not None:
+        request.getfixturevalue("monkeypatch").setenv(_PRECISION_ENV, level)
 
 
 def _run_simulated(request: pytest.FixtureRequest, target: XlaTarget) -> Iterator[XlaTarget]:
@@ -542,7 +536,7 @@ def xla_target(request: pytest.FixtureRequest) -> Iterator[XlaTarget]:
         yield target
     module = sys.modules.get("torch_xla")
     path = getattr(module, "__file__", None)
-    if path and _XLASIM_DIR in Path(path).resolve().parents:
+    if path and _in_simulator(path):
         raise RuntimeError(f"target {target}: torch_xla resolved to the simulator ({path})")
 
 
