@@ -47,7 +47,7 @@ _KEPT = {
 def _definition(a: torch.Tensor, b: torch.Tensor, level: str) -> torch.Tensor:
     n, kept = _KEPT[level]
     xs, ys = _split(a, n), _split(b, n)
-    return sum(xs[i].double() @ ys[j].double() for i, j in kept)
+    return sum(torch.matmul(xs[i].double(), ys[j].double()) for i, j in kept)
 
 
 def _is_tpu_numerics(xla_target) -> bool:
@@ -126,6 +126,43 @@ def test_float32_matmul_computes_at_the_precision(xla_target, level):
         assert exact_error > 1e-2
     else:
         assert exact_error < 1e-3
+
+
+# Each aten matmul op a program reaches, as (call, left operand, right operand, added term):
+# the TPU computes the product at the precision and adds the term in float32 afterwards.
+_OPS = {
+    "bmm": (torch.bmm, (4, 16, 32), (4, 32, 8), None),
+    "mv": (torch.mv, (16, 64), (64,), None),
+    "dot": (torch.dot, (128,), (128,), None),
+    "matmul 3d@2d": (torch.matmul, (4, 16, 32), (32, 8), None),
+    "addmm": (lambda c, a, b: torch.addmm(c, a, b), (16, 32), (32, 8), (16, 8)),
+    "addmv": (lambda c, a, b: torch.addmv(c, a, b), (16, 64), (64,), (16,)),
+    "baddbmm": (lambda c, a, b: torch.baddbmm(c, a, b), (4, 16, 32), (4, 32, 8), (4, 16, 8)),
+    "linear": (lambda c, a, b: torch.nn.functional.linear(a, b.T, c), (16, 32), (32, 8), (8,)),
+}
+
+
+@pytest.mark.parametrize("level", ["default", "high", "highest"])
+@pytest.mark.parametrize("name", list(_OPS))
+def test_every_matmul_op_computes_at_the_precision(xla_target, name, level):
+    import torch_xla
+
+    torch_xla._XLAC._xla_set_mat_mul_precision(level)
+    dev = torch_xla.device()
+    call, left, right, term = _OPS[name]
+    a, b = _normals(*left, seed=11), _normals(*right, seed=12)
+    args = (a, b) if term is None else (_normals(*term, seed=13), a, b)
+    got = call(*(t.to(dev) for t in args)).cpu().double()
+    added = 0.0 if term is None else args[0].double()
+    exact = torch.matmul(a.double(), b.double()) + added
+    scale = torch.matmul(a.double().abs(), b.double().abs()) + abs(added)
+    if not _is_tpu_numerics(xla_target):
+        assert ((got - exact).abs() <= 64 * _U * scale).all()
+        return
+    expected = _definition(a, b, level) + added
+    assert ((got - expected).abs() <= 64 * _U * scale).all()
+    if level == "default":
+        assert (got - exact).abs().max().item() > 1e-3
 
 
 # Relative error bounds, with bfloat16's unit roundoff u = 2**-8 (8 significant bits):

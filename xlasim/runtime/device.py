@@ -43,6 +43,7 @@ static void set_meta(const at::Tensor& t, c10::IntArrayRef size, c10::IntArrayRe
 TORCH_LIBRARY(xlasim, m) {
   m.def("set_meta(Tensor t, int[] size, int[] stride, int offset) -> ()");
   m.def("bf16_parts(Tensor x, int n, bool cumulative) -> Tensor[]");
+  m.def("bf16_product(Tensor a, Tensor b, int n) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(xlasim, CompositeImplicitAutograd, m) { m.impl("set_meta", set_meta); }
 """
@@ -120,14 +121,17 @@ static void xlasim_parts_of(const float* s, float** d, bool cumulative, int64_t 
   else xlasim_parts<N, false>(s, d[0], d[1], d[2], b, e);
 }
 
-static std::vector<at::Tensor> bf16_parts(const at::Tensor& x, int64_t n, bool cumulative) {
+// The parts of x, written into the tensors of x's layout that make(k, src) gives for part k.
+template <typename Make>
+static std::vector<at::Tensor> xlasim_split(const at::Tensor& x, int64_t n, bool cumulative,
+                                            Make make) {
   TORCH_CHECK(x.scalar_type() == at::kFloat, "bf16_parts: float32 only, got ", x.scalar_type());
   TORCH_CHECK(n >= 1 && n <= 3, "bf16_parts: 1 to 3 parts, got ", n);
   at::Tensor src = x.is_non_overlapping_and_dense() ? x : x.contiguous();
   std::vector<at::Tensor> out;
   float* dst[3] = {nullptr, nullptr, nullptr};
   for (int64_t k = 0; k < n; ++k) {
-    out.push_back(at::empty_like(src));
+    out.push_back(make(k, src));
     dst[k] = out.back().data_ptr<float>();
   }
   const float* s = src.data_ptr<float>();
@@ -138,8 +142,56 @@ static std::vector<at::Tensor> bf16_parts(const at::Tensor& x, int64_t n, bool c
   });
   return out;
 }
+
+static std::vector<at::Tensor> bf16_parts(const at::Tensor& x, int64_t n, bool cumulative) {
+  return xlasim_split(x, n, cumulative,
+                      [](int64_t, const at::Tensor& src) { return at::empty_like(src); });
+}
+
+// Memory for parts that never leave bf16_product: a fresh buffer of a few MB costs as much in
+// page faults as the split itself, so each thread keeps its six (three parts of each operand),
+// grown to the largest operand seen up to kScratchFloats; larger operands, whose product
+// dwarfs the allocation, get fresh memory.
+static constexpr int64_t kScratchFloats = 1 << 20;
+
+static at::Tensor xlasim_scratch(int64_t slot, const at::Tensor& src) {
+  thread_local at::Tensor buffers[6];
+  int64_t numel = src.numel();
+  if (numel > kScratchFloats) return at::empty_like(src);
+  at::Tensor& buffer = buffers[slot];
+  if (!buffer.defined() || buffer.numel() < numel) buffer = at::empty({numel}, src.options());
+  // Dense and non-overlapping: src's strides address exactly numel elements from offset 0.
+  return buffer.as_strided(src.sizes(), src.strides(), 0);
+}
+
+// mm, bmm, mv or dot, told apart by the operands' ranks as the aten ops take them.
+static at::Tensor xlasim_dot(const at::Tensor& a, const at::Tensor& b) {
+  if (a.dim() == 3) return at::bmm(a, b);
+  if (a.dim() == 2) return b.dim() == 2 ? at::mm(a, b) : at::mv(a, b);
+  return at::dot(a, b);
+}
+
+// The sum of the n-part products sum(a_i * b_j, i + j < n), grouped as
+// sum(a_i * (b_0 + ... + b_(n-1-i))): one call where Python would make 2 + n, which is most
+// of the cost of a small matmul.
+static at::Tensor bf16_product(const at::Tensor& a, const at::Tensor& b, int64_t n) {
+  std::vector<at::Tensor> left =
+      xlasim_split(a, n, false, [](int64_t k, const at::Tensor& src) {
+        return xlasim_scratch(k, src);
+      });
+  std::vector<at::Tensor> right =
+      xlasim_split(b, n, true, [](int64_t k, const at::Tensor& src) {
+        return xlasim_scratch(3 + k, src);
+      });
+  at::Tensor out = xlasim_dot(left[0], right[n - 1]);
+  for (int64_t i = 1; i < n; ++i) out.add_(xlasim_dot(left[i], right[n - 1 - i]));
+  return out;
+}
 #pragma GCC pop_options
-TORCH_LIBRARY_IMPL(xlasim, CPU, m) { m.impl("bf16_parts", bf16_parts); }
+TORCH_LIBRARY_IMPL(xlasim, CPU, m) {
+  m.impl("bf16_parts", bf16_parts);
+  m.impl("bf16_product", bf16_product);
+}
 """
 
 

@@ -87,6 +87,19 @@ def parts(x: torch.Tensor, n: int, cumulative: bool = False) -> list[torch.Tenso
 _split: Callable[..., list[torch.Tensor]] | None = None
 
 
+def _dot_at(a: torch.Tensor, b: torch.Tensor, precision: str) -> torch.Tensor:
+    """mm, bmm, mv or dot of float32 ``a`` and ``b`` at ``precision``: the grouped products of
+    :func:`_pairs`, summed, in one call of the device extension (``xlasim::bf16_product``),
+    because on a small matmul the calls themselves cost as much as the product."""
+    global _fused
+    if _fused is None:
+        _fused = torch.ops.xlasim.bf16_product.default._op
+    return _fused(a, b, _PASSES[precision])
+
+
+_fused: Callable[..., torch.Tensor] | None = None
+
+
 def _pairs(a: torch.Tensor, b: torch.Tensor, precision: str) -> list[tuple[Any, Any]]:
     """The (left, right) operands of the CPU products whose sum is the TPU's result:
     ``sum(a_i * b_j for i + j < n)`` as ``sum(a_i * (b_0 + ... + b_(n-1-i)))``."""
@@ -118,14 +131,21 @@ def _dtype(a: Any, b: Any) -> torch.dtype | None:
 
 
 def _product(
-    product: Callable[[Any, Any], Any], a: Any, b: Any, precision: str | None
+    product: Callable[[Any, Any], Any],
+    a: Any,
+    b: Any,
+    precision: str | None,
+    dot: bool = False,
 ) -> Any | None:
-    """``product(a, b)`` as the TPU computes it, or None where the CPU kernel's result stands."""
+    """``product(a, b)`` as the TPU computes it, or None where the CPU kernel's result stands.
+    ``dot``: ``product`` is mm, bmm, mv or dot, which the device extension computes whole."""
     dtype = _dtype(a, b)
     if dtype is None or precision is None:
         return None
     if dtype is _BF16:  # exact products, float32 sums, one rounding
         return product(a.to(_F32), b.to(_F32)).to(_BF16)
+    if dot:
+        return _dot_at(a, b, precision)
     return _summed(product, a, b, precision)
 
 
@@ -148,7 +168,7 @@ def _matmul(op: Any) -> Callable[..., Any]:
     def run(a: Any, b: Any, *rest: Any, **kwargs: Any) -> Any:
         out = None
         if not rest and not kwargs:
-            out = _product(call, a, b, level())
+            out = _product(call, a, b, level(), dot=True)
         return call(a, b, *rest, **kwargs) if out is None else out
 
     return run
@@ -160,7 +180,7 @@ def _biased(op: Any, product_op: Any, reduce_batch: bool = False) -> Callable[..
     product_call = _plain(product_op)
 
     def run(bias: Any, a: Any, b: Any, *rest: Any, beta: Any = 1, alpha: Any = 1) -> Any:
-        product = None if rest else _product(product_call, a, b, level())
+        product = None if rest else _product(product_call, a, b, level(), dot=True)
         if product is None:
             return call(bias, a, b, *rest, beta=beta, alpha=alpha)
         if reduce_batch:
