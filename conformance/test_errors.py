@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import pytest
 import torch
+from messages import check_hint, raises_torch_xla
 
 
 def test_python_api_errors(xla_target):
@@ -103,3 +104,45 @@ def test_shape_errors_name_xla_shapes(xla_target):
         r"f32\[2,3\] vs\. f32\[4\]\.",
     ):
         a + torch.ones(4, device=dev)
+
+
+def test_errors_keep_torch_xla_text_and_hint_in_a_note(xla_target):
+    """``str(e)`` and ``e.args`` are real torch_xla's text, exactly (checked on real PJRT CPU);
+    the simulator's hint (which argument, which devices exist) is a note under the traceback."""
+    import torch_xla
+
+    dev = torch_xla.device()
+    a = torch.ones(2, 2, device=dev)
+    cpu = torch.ones(2, 2)
+    cases = [
+        (
+            lambda: torch.cat([a, cpu]),
+            "Expected all tensors in the given list to be XLA tensors. Element at index 1 is "
+            "not an XLA tensor. Got: torch.FloatTensor",
+            ("argument 'tensors[1]' of aten::cat", "to(torch_xla.device())"),
+        ),
+        (
+            lambda: torch.mm(a, cpu),
+            "Expected XLA tensor. Got: torch.FloatTensor",
+            ("argument 'mat2' of aten::mm is a cpu tensor of shape [2, 2]",),
+        ),
+        (
+            lambda: torch.zeros(2, device="xla:99"),
+            "vector::_M_range_check: __n (which is 99) >= this->size() "
+            f"(which is {xla_target.devices_per_host})",
+            ("device xla:99 does not exist", f"xla:0..xla:{xla_target.devices_per_host - 1}"),
+        ),
+        (
+            lambda: torch_xla._XLAC.OpSharding([0], (), [], 1),
+            "__init__(): incompatible constructor arguments. The following argument types are "
+            "supported:\n    1. _XLAC.OpSharding(arg0: list, arg1: list, arg2: list, "
+            "arg3: typing.SupportsInt)\n\nInvoked with: [0], (), [], 1",
+            ("group_assignment is a tuple, not a list",),
+        ),
+    ]
+    for call, message, hint in cases:
+        kind = TypeError if message.startswith("__init__") else RuntimeError
+        with raises_torch_xla(kind, message) as info:
+            call()
+        assert info.value.args == (message,)
+        check_hint(info.value, xla_target, *hint)

@@ -11,7 +11,7 @@ import re
 import numpy as np
 import pytest
 import torch
-from messages import torch_xla_message
+from messages import raises_torch_xla
 
 
 def _spmd_mesh(xla_target):
@@ -185,9 +185,7 @@ def test_wrap_if_sharded_and_clear_sharding(xla_target):
     se = xs.mark_sharding(e, mesh, ("x", "y"))
     assert xs.clear_sharding(se) is e
     assert torch_xla._XLAC._get_xla_sharding_spec(e) == "" and se.sharding_spec == ""
-    with pytest.raises(
-        RuntimeError, match=torch_xla_message("Expected XLA tensor. Got: torch.FloatTensor")
-    ):
+    with raises_torch_xla(RuntimeError, "Expected XLA tensor. Got: torch.FloatTensor"):
         xs.clear_sharding(torch.ones(2))
 
 

@@ -13,7 +13,7 @@ from collections import OrderedDict
 import numpy as np
 import pytest
 import torch
-from messages import torch_xla_message
+from messages import check_hint, raises_torch_xla, xlasim_notes
 
 
 def _spmd(xla_target):
@@ -177,45 +177,75 @@ def test_mark_sharding_errors(xla_target):
     _spmd(xla_target)
     mesh = xs.Mesh(np.arange(4), (2, 2), ("x", "y"))
     t = torch.randn(8, 6).to("xla")
+    # (spec, error, torch_xla's message, a fragment of the simulator's note or None)
+    axes = "has axes 0='x', 1='y'"
     cases = [
-        ((0,), AssertionError, "Partition spec length (1) should be equal to the input rank (2)."),
-        (("nope", None), ValueError, "Axis name nope is not defined in the given mesh"),
+        (
+            (0,),
+            AssertionError,
+            "Partition spec length (1) should be equal to the input rank (2).",
+            None,
+        ),
+        (
+            ("nope", None),
+            ValueError,
+            "Axis name nope is not defined in the given mesh",
+            "'nope' is not an axis name of this mesh",
+        ),
         (
             (0, 0),
             AssertionError,
             "Each device mesh dimension should appear at most once in partition_spec (0, 0).",
+            "mesh axis 0 ('x') is used more than once",
         ),
         (
             ("x", ("x", "y")),
             AssertionError,
             "Each device mesh dimension should appear at most once in partition_spec (0, (0, 1)).",
+            "mesh axis 0 ('x') is used more than once",
         ),
         (
             (2, None),
             AssertionError,
             "partition_spec ((2, None)) contains out of bound index into mesh_shape.",
+            axes,
         ),
         (
             (-1, None),
             AssertionError,
             "partition_spec ((-1, None)) contains out of bound index into mesh_shape.",
+            axes,
         ),
-        ((("x", ("y",)), None), AssertionError, "Partition spec cannot contain nested tuples"),
-        ((0.0, None), ValueError, "Spec type <class 'float'> is not supported in partition spec"),
+        (
+            (("x", ("y",)), None),
+            AssertionError,
+            "Partition spec cannot contain nested tuples",
+            None,
+        ),
+        (
+            (0.0, None),
+            ValueError,
+            "Spec type <class 'float'> is not supported in partition spec",
+            None,
+        ),
         (
             (np.int64(0), None),
             ValueError,
             "Spec type <class 'numpy.int64'> is not supported in partition spec",
+            None,
         ),
-        ((["x", "y"], None), TypeError, "unhashable type: 'list'"),
+        ((["x", "y"], None), TypeError, "unhashable type: 'list'", None),
     ]
-    for spec, error, message in cases:
-        with pytest.raises(error, match=torch_xla_message(message)):
+    for spec, error, message, hint in cases:
+        with raises_torch_xla(error, message) as info:
             xs.mark_sharding(t, mesh, spec)
-    with pytest.raises(
-        RuntimeError, match=torch_xla_message("Expected XLA tensor. Got: torch.FloatTensor")
-    ):
+        if hint is None:
+            assert xlasim_notes(info.value) == []
+        else:
+            check_hint(info.value, xla_target, hint)
+    with raises_torch_xla(RuntimeError, "Expected XLA tensor. Got: torch.FloatTensor") as info:
         xs.mark_sharding(torch.randn(8, 6), mesh, ("x", "y"))
+    check_hint(info.value, xla_target, "a cpu tensor (shape [8, 6])", "torch_xla.device()")
     with pytest.raises(
         RuntimeError,
         match=r"^Check failed: xtensor->sharding_spec\(\) != "

@@ -5,7 +5,8 @@ One table per kind of input.  A row is ``(input, error type, fragments)``: the c
 exactly that type (or a subclass) and its message must contain every fragment -- the bad value
 as the user wrote it and the words saying what is valid.  Where real torch_xla 2.9 has its own
 error for the same input (meshes, partition specs, devices) the row holds torch_xla's message,
-as ``PJRT_DEVICE=CPU CPU_NUM_DEVICES=4`` prints it, and the simulator must start with it.
+as ``PJRT_DEVICE=CPU CPU_NUM_DEVICES=4`` prints it: the simulator's message must equal it, and
+the words saying what is valid are in the exception's note.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from tpu_backend.topology import parse_slice, tpu_host_env
 from xlasim import cli
 from xlasim._activation import config_from_env
 from xlasim.runtime.knobs import EnvError, check_runtime_knobs, env_float, env_int
-from xlasim.sharding.messages import without_hint
+from xlasim.sharding.messages import NOTE_PREFIX
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,8 @@ class Bad:
 def _check(case: Bad) -> BaseException:
     with pytest.raises(case.error) as info:
         case.call()
-    message = str(info.value)
+    # The hints the simulator adds to torch_xla's own errors are exception notes.
+    message = "\n".join([str(info.value), *getattr(info.value, "__notes__", ())])
     missing = [f for f in case.fragments if f not in message]
     assert not missing, f"{case.name}: {missing} not in {message!r}"
     assert not xlasim.is_active(), "a refused input left a simulation active"
@@ -447,7 +449,7 @@ PARTITION_SPECS = [
 ]
 
 
-# -- devices (torch_xla's own errors, then the simulator's hint) -----------------------------
+# -- devices (torch_xla's own errors, the simulator's hint in a note) --------------------------
 def _device(body: Callable[[Any], Any]) -> Callable[[], Any]:
     def run() -> Any:
         import torch
@@ -1077,10 +1079,15 @@ _TORCH_XLA_ROWS = MESHES + PARTITION_SPECS + DEVICES[:4]
 
 
 @pytest.mark.parametrize("case", _TORCH_XLA_ROWS, ids=_ids(_TORCH_XLA_ROWS))
-def test_torch_xla_errors_start_with_torch_xla_text(case):
-    # The first fragment is torch_xla's own message: the simulator's may only add a hint.
+def test_torch_xla_errors_carry_exactly_torch_xla_text(case):
+    # The first fragment is torch_xla's own message, which the simulator's equals; the other
+    # fragments (what only the simulator can say) are in its one note.
     error = _check(case)
-    assert without_hint(str(error)) == case.fragments[0]
+    assert str(error) == case.fragments[0] and error.args == (case.fragments[0],)
+    notes = getattr(error, "__notes__", [])
+    assert len(notes) == (1 if case.fragments[1:] else 0), notes
+    assert all(n.startswith(NOTE_PREFIX) for n in notes), notes
+    assert all(f in notes[0] for f in case.fragments[1:]), notes
 
 
 # -- properties over whole input spaces ------------------------------------------------------

@@ -109,7 +109,7 @@ def test_entry_points(wheel_path: Path) -> None:
 def test_metadata_requirements(wheel_path: Path) -> None:
     meta = email.parser.Parser().parsestr(_read_member(wheel_path, ".dist-info/METADATA"))
     assert meta["Name"] == "xlasim"
-    assert meta["Requires-Python"] == ">=3.10"
+    assert meta["Requires-Python"] == ">=3.11"
     requires = meta.get_all("Requires-Dist") or []
     for req in ("torch>=2.9", "numpy", "rich", "filelock", "ninja"):
         assert req in requires, f"{req!r} not in {requires}"

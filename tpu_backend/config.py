@@ -63,8 +63,9 @@ def _collective_timeouts_named(timeout_s: int) -> Iterator[None]:
         yield
     except RuntimeError as exc:
         if exc.args and isinstance(exc.args[0], str) and _GLOO_TIMEOUT.search(exc.args[0]):
-            # In the message itself (same exception, same type): Ray shows the worker's
-            # message, and Python 3.10 has no exception notes.
+            # In the message itself (same exception, same type), not in a note: this is
+            # gloo's own error, not a text the product mirrors, and code that logs only
+            # str(exc) still sees which setting bounds the wait.
             exc.args = (
                 f"{exc.args[0]}\ntpu_backend: a collective of the run's process group waited "
                 f"TPUTorchConfig(timeout_s={timeout_s}) seconds for a host that did not join "

@@ -33,7 +33,6 @@ from typing import Any
 import numpy as np
 
 from tpu_backend.machine import real_torch_xla_unavailable
-from xlasim.sharding.messages import without_hint
 
 RUNNER_TIMEOUT_S = 300
 DEVICE_COUNTS = (1, 4, 8)
@@ -58,8 +57,8 @@ def decode_spec(spec: list[Any]) -> tuple[Any, ...]:
 
 # -- the driver both sides run -----------------------------------------------------------------
 def _err(e: BaseException) -> list[str]:
-    # The simulator may follow real torch_xla's message with a hint; the real part must match.
-    return [type(e).__name__, without_hint(str(e))]
+    # The simulator's message is real torch_xla's, exactly (its hints are exception notes).
+    return [type(e).__name__, str(e)]
 
 
 def _indices(indices: Any) -> Any:

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from xlasim.sharding.messages import with_hint
+from xlasim.sharding.messages import torch_xla_error
 
 aten = torch.ops.aten
 
@@ -164,6 +164,6 @@ def aten_type_string(t: torch.Tensor) -> str:
     return f"CPU{name}Type"
 
 
-def expected_xla_tensor(t: torch.Tensor, hint: str) -> str:
-    """``bridge::GetXlaTensor``'s error for a CPU tensor, with a hint."""
-    return with_hint(f"Expected XLA tensor. Got: {aten_type_string(t)}", hint)
+def expected_xla_tensor(t: torch.Tensor, hint: str) -> RuntimeError:
+    """``bridge::GetXlaTensor``'s error for a CPU tensor, with ``hint`` as its note."""
+    return torch_xla_error(RuntimeError, f"Expected XLA tensor. Got: {aten_type_string(t)}", hint)

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from xlasim.runtime.errors import aten_type_string, expected_xla_tensor
-from xlasim.sharding.messages import with_hint
+from xlasim.sharding.messages import torch_xla_error
 
 __all__ = ["KERNEL_INPUTS", "LIST", "SCALAR", "STRICT", "check_cpu_inputs", "rules_for"]
 
@@ -202,14 +202,12 @@ def check_cpu_inputs(
                     continue
                 hint = _hint(op, f"{name}[{index}]", item)
                 if kind == LIST:
-                    raise RuntimeError(
-                        with_hint(
-                            "Expected all tensors in the given list to be XLA tensors. Element "
-                            f"at index {index} is not an XLA tensor. Got: "
-                            f"{aten_type_string(item)}",
-                            hint,
-                        )
+                    raise torch_xla_error(
+                        RuntimeError,
+                        "Expected all tensors in the given list to be XLA tensors. Element "
+                        f"at index {index} is not an XLA tensor. Got: {aten_type_string(item)}",
+                        hint,
                     )
-                raise RuntimeError(expected_xla_tensor(item, hint))
+                raise expected_xla_tensor(item, hint)
         elif isinstance(value, torch.Tensor) and not (kind == SCALAR and value.dim() == 0):
-            raise RuntimeError(expected_xla_tensor(value, _hint(op, name, value)))
+            raise expected_xla_tensor(value, _hint(op, name, value))

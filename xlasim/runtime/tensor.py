@@ -27,6 +27,7 @@ from xlasim.runtime.device import FactoryKernels, set_wrapper_shape, xla_strides
 from xlasim.runtime.graph import CompileError, CustomCall, InputRef, Node, RecordedCall, stable_id
 from xlasim.runtime.kernel_inputs import check_cpu_inputs, rules_for
 from xlasim.runtime.lowerings import fallback_name
+from xlasim.sharding.messages import torch_xla_error
 from xlasim.sharding.op_sharding import OpSharding, ProtoType
 from xlasim.sharding.tensor_sharding import TensorSharding
 
@@ -909,13 +910,11 @@ def device_index(runtime: Any, device: torch.device | None) -> int:
             if client.is_tpu
             else f"the PJRT {client.device_type} client (PJRT_DEVICE, CPU_NUM_DEVICES)"
         )
-        raise RuntimeError(
-            _errors.with_hint(
-                f"vector::_M_range_check: __n (which is {index}) >= this->size() "
-                f"(which is {count})",
-                f"device xla:{index} does not exist: this process has {count} xla device(s), "
-                f"{valid}, on {where}",
-            )
+        raise torch_xla_error(
+            RuntimeError,
+            f"vector::_M_range_check: __n (which is {index}) >= this->size() (which is {count})",
+            f"device xla:{index} does not exist: this process has {count} xla device(s), "
+            f"{valid}, on {where}",
         )
     return index
 

@@ -21,7 +21,7 @@ from typing import Any, Union
 
 import numpy as np
 
-from xlasim.sharding.messages import with_hint
+from xlasim.sharding.messages import torch_xla_error
 from xlasim.sharding.op_sharding import OpSharding, ShardingType
 
 # One entry per tensor dim: a mesh axis (index or name), several axes, or None (replicated).
@@ -144,18 +144,25 @@ def _axes_text(mesh: Mesh) -> str:
 def _check_mesh_axes(spec: tuple[Any, ...], mesh: Mesh) -> None:
     used = [a for a in _mesh_axes(spec) if a is not None]
     mesh_rank = len(mesh.mesh_shape)
-    assert all(0 <= a < mesh_rank for a in used), with_hint(
-        f"partition_spec ({spec}) contains out of bound index into mesh_shape.",
-        f"{_axes_text(mesh)}; a spec entry is None, an axis index, an axis name or a tuple of them",
-    )
-    assert len(np.unique(used)) == len(used), _repeated_axes_message(spec, used, mesh)
+    # torch_xla asserts these; `if __debug__` keeps them off under `python -O` as well, and a
+    # raise (not an assert statement) is what can carry the note.
+    if __debug__ and not all(0 <= a < mesh_rank for a in used):
+        raise torch_xla_error(
+            AssertionError,
+            f"partition_spec ({spec}) contains out of bound index into mesh_shape.",
+            f"{_axes_text(mesh)}; a spec entry is None, an axis index, an axis name or a tuple "
+            "of them",
+        )
+    if __debug__ and len(np.unique(used)) != len(used):
+        raise _repeated_axes(spec, used, mesh)
 
 
-def _repeated_axes_message(spec: tuple[Any, ...], used: list[Any], mesh: Mesh) -> str:
+def _repeated_axes(spec: tuple[Any, ...], used: list[Any], mesh: Mesh) -> AssertionError:
     twice = sorted({int(a) for a in used if used.count(a) > 1})
     names = mesh.axis_names
     which = ", ".join(f"{a} ({names[a]!r})" if names else str(a) for a in twice)
-    return with_hint(
+    return torch_xla_error(
+        AssertionError,
         f"Each device mesh dimension should appear at most once in partition_spec {spec}.",
         f"mesh axis {which} is used more than once; {_axes_text(mesh)}",
     )
@@ -231,20 +238,18 @@ def resolve_axis_names(mesh: Mesh, partition_spec: tuple[Any, ...]) -> tuple[Any
         if kind is str:
             if mesh.axis_names is None:
                 # torch_xla looks the name up in the mesh's names, which are None here.
-                raise TypeError(
-                    with_hint(
-                        "argument of type 'NoneType' is not iterable",
-                        f"the partition spec names axis {entry!r} but {_axes_text(mesh)}; "
-                        f"give the Mesh axis_names or use axis indices",
-                    )
+                raise torch_xla_error(
+                    TypeError,
+                    "argument of type 'NoneType' is not iterable",
+                    f"the partition spec names axis {entry!r} but {_axes_text(mesh)}; "
+                    f"give the Mesh axis_names or use axis indices",
                 )
             index = mesh.get_axis_name_idx(entry)
             if index is None:
-                raise ValueError(
-                    with_hint(
-                        f"Axis name {entry} is not defined in the given mesh",
-                        f"{entry!r} is not an axis name of this mesh; {_axes_text(mesh)}",
-                    )
+                raise torch_xla_error(
+                    ValueError,
+                    f"Axis name {entry} is not defined in the given mesh",
+                    f"{entry!r} is not an axis name of this mesh; {_axes_text(mesh)}",
                 )
             return index
         raise ValueError(f"Spec type {kind} is not supported in partition spec")

@@ -1,21 +1,22 @@
 """How xlasim adds to an error torch_xla itself raises.
 
-The message starts with real torch_xla's text, unchanged, so code and tests matching it keep
-working; what only the simulator can say (the valid choices, which argument) follows in one
-parenthesis that always reads ``(xlasim: ...)``.
+The exception carries real torch_xla's text unchanged, in ``str(e)`` and ``e.args``, so a
+program that compares messages behaves as it does on real torch_xla. What only the simulator
+can say (the valid choices, which argument) goes into one exception note (PEP 678) that
+starts with ``xlasim: ``; Python prints it under the traceback.
 """
 
 from __future__ import annotations
 
-HINT_PREFIX = " (xlasim: "
+from typing import TypeVar
+
+NOTE_PREFIX = "xlasim: "
+
+_E = TypeVar("_E", bound=BaseException)
 
 
-def with_hint(message: str, hint: str) -> str:
-    """``message (xlasim: hint)``."""
-    return f"{message}{HINT_PREFIX}{hint})"
-
-
-def without_hint(message: str) -> str:
-    """Real torch_xla's part of a message :func:`with_hint` made."""
-    head, sep, _ = message.partition(HINT_PREFIX)
-    return head if sep else message
+def torch_xla_error(kind: type[_E], message: str, hint: str) -> _E:
+    """``kind(message)`` with torch_xla's ``message`` as it is and ``hint`` as a note."""
+    error = kind(message)
+    error.add_note(NOTE_PREFIX + hint)
+    return error

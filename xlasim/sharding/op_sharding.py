@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from xlasim.sharding.messages import torch_xla_error
+
 
 class ProtoType(IntEnum):
     """``xla::OpSharding::Type`` (xla_data.proto)."""
@@ -61,7 +63,9 @@ class OpSharding:
         replication_groups: list[Any],
         sharding_type: int,
     ) -> None:
-        _check_constructor_lists(tile_assignment, group_assignment, replication_groups)
+        _check_constructor_lists(
+            tile_assignment, group_assignment, replication_groups, sharding_type
+        )
         self._on_create()
         fields = create_op_sharding_fields(
             tile_assignment, group_assignment, replication_groups, int(sharding_type)
@@ -168,20 +172,22 @@ class OpSharding:
 
 
 def _check_constructor_lists(
-    tile_assignment: Any, group_assignment: Any, replication_groups: Any
+    tile_assignment: Any, group_assignment: Any, replication_groups: Any, sharding_type: Any
 ) -> None:
     """The pybind argument check of ``OpSharding(list, list, list, int)``."""
-    for name, value in (
-        ("tile_assignment", tile_assignment),
-        ("group_assignment", group_assignment),
-        ("replication_groups", replication_groups),
+    given = (tile_assignment, group_assignment, replication_groups, sharding_type)
+    for name, value in zip(
+        ("tile_assignment", "group_assignment", "replication_groups"), given, strict=False
     ):
         if not isinstance(value, list):
-            raise TypeError(
+            # pybind11's words: the overloads it knows, then every argument's repr.
+            raise torch_xla_error(
+                TypeError,
                 "__init__(): incompatible constructor arguments. The following argument "
-                "types are supported:\n    1. torch_xla._XLAC.OpSharding(arg0: list, "
-                f"arg1: list, arg2: list, arg3: typing.SupportsInt)\n\n{name} is "
-                f"{type(value).__name__}, not list"
+                "types are supported:\n    1. _XLAC.OpSharding(arg0: list, arg1: list, "
+                "arg2: list, arg3: typing.SupportsInt)\n\nInvoked with: "
+                + ", ".join(map(repr, given)),
+                f"{name} is a {type(value).__name__}, not a list",
             )
 
 

@@ -317,13 +317,11 @@ def xla_tensor(t: Any) -> Any:
     if isinstance(global_tensor, XlaSimTensor):
         return global_tensor
     if isinstance(t, torch.Tensor):
-        raise RuntimeError(
-            expected_xla_tensor(
-                t,
-                f"a {t.device.type} tensor (shape {list(t.shape)}) was given where torch_xla "
-                f"needs a tensor on the xla device; move it there first, e.g. "
-                f"t = t.to(torch_xla.device())",
-            )
+        raise expected_xla_tensor(
+            t,
+            f"a {t.device.type} tensor (shape {list(t.shape)}) was given where torch_xla "
+            f"needs a tensor on the xla device; move it there first, e.g. "
+            f"t = t.to(torch_xla.device())",
         )
     raise RuntimeError(f"Expected XLA tensor. Got: {type(t).__name__}")
 
