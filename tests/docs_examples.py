@@ -3,8 +3,9 @@
 Used by tests/test_docs.py, and by tests/test_backend_ray_single_host.py for the examples
 that need a TPU Ray cluster (it has one up already).  An HTML comment right above a fenced
 ``python`` block says how to run it: ``<!-- docs-test: pytest -->`` (the block is a test
-module) or ``<!-- docs-test: ray-cluster TOPOLOGY ACCELERATOR -->`` (it needs a Ray cluster of
-that slice); without one the block is a script.
+module), ``<!-- docs-test: xlasim-run OPTIONS -->`` (the block is a file run with ``xlasim run
+OPTIONS -- python FILE``) or ``<!-- docs-test: ray-cluster TOPOLOGY ACCELERATOR -->`` (it needs
+a Ray cluster of that slice); without one the block is a script.
 """
 
 from __future__ import annotations

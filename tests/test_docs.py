@@ -31,7 +31,20 @@ def _command(example: Example, tmp_path: Path) -> list[str]:
         # would only slow the run down.
         args = ["-q", "-p", "no:cacheprovider", "-p", "xlasim.pytest_plugin"]
         return [sys.executable, "-m", "pytest", *args, "--xla-targets", "sim"]
+    if example.mode[0] == "xlasim-run":
+        # The block is the program a reader saves and starts under `xlasim run` with the
+        # mark's options (`python -m xlasim` is the `xlasim` command of this interpreter).
+        (tmp_path / "train.py").write_text(example.code)
+        xlasim = [sys.executable, "-m", "xlasim", "run", *example.mode[1:]]
+        return [*xlasim, "--", sys.executable, str(tmp_path / "train.py")]
     raise ValueError(f"{example.name}: unknown docs-test mode {example.mode!r}")
+
+
+def _text_before(example: Example) -> str:
+    """The paragraph that introduces ``example``'s block (above its docs-test mark)."""
+    above = "\n".join(example.path.read_text().splitlines()[: example.line - 1]).rstrip()
+    above = re.sub(r"\n<!--\s*docs-test:[^\n]*-->$", "", above).rstrip()
+    return above.rsplit("\n\n", 1)[-1]
 
 
 @pytest.mark.parametrize(
@@ -42,6 +55,11 @@ def test_python_example_runs(example: Example, tmp_path: Path) -> None:
     env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     result = run(_command(example, tmp_path), tmp_path, env)
     assert result.returncode == 0, f"{example.name} failed:\n{result.stdout}"
+    if example.mode[0] == "xlasim-run":
+        # The paragraph above such a block says what host 0 prints: it must be what it prints.
+        claim = re.findall(r"prints `([^`]+)`", _text_before(example))
+        assert claim, f"{example.name}: the text above does not say what the program prints"
+        assert claim[-1] in result.stdout, result.stdout
     if example.mode == ("pytest",):
         assert re.search(r"\b[1-9]\d* passed\b", result.stdout), result.stdout
         assert not re.search(r"\b(failed|errors?|skipped)\b", result.stdout), result.stdout
@@ -52,7 +70,7 @@ def test_examples_are_found() -> None:
     assert {"README.md", "backend.md", "seamless.md", "testing.md"} <= {
         e.path.name for e in EXAMPLES
     }
-    assert {e.mode[0] for e in EXAMPLES} == {"script", "pytest", "ray-cluster"}
+    assert {e.mode[0] for e in EXAMPLES} == {"script", "pytest", "xlasim-run", "ray-cluster"}
     # Cluster examples run only where a cluster of this slice is up.
     assert {e.mode[1:] for e in EXAMPLES if e.mode[0] == "ray-cluster"} == {CLUSTER_SLICE}
 
