@@ -20,6 +20,46 @@ def test_all_reduce_gradient_is_scaled(xla_target):
     assert x.grad.cpu().tolist() == [1.0, 3.0, 5.0]
 
 
+def test_all_reduce_gradient_of_each_reduce_type(xla_target):
+    import torch_xla
+    import torch_xla.core.functions as xf
+    import torch_xla.core.xla_model as xm
+
+    dev = torch_xla.device()
+    weights = torch.tensor([1.0, 2.0, 3.0], device=dev)
+    grads = {}
+    for kind in (xm.REDUCE_SUM, xm.REDUCE_MUL, xm.REDUCE_MIN, xm.REDUCE_MAX, xm.REDUCE_OR):
+        x = torch.tensor([2.0, 0.0, -3.0], device=dev, requires_grad=True)
+        y = xf.all_reduce(kind, x, scale=3.0)
+        try:
+            (y * weights).sum().backward()
+        except RuntimeError as error:
+            grads[kind] = str(error)
+        else:
+            grads[kind] = x.grad.cpu().tolist()
+    # One replica: MUL's gradient is 0 where the input is 0; MIN and MAX pass it to every
+    # element (each is the extremum of its own single value); OR has none.
+    assert grads == {
+        xm.REDUCE_SUM: [3.0, 6.0, 9.0],
+        xm.REDUCE_MUL: [3.0, 0.0, 9.0],
+        xm.REDUCE_MIN: [3.0, 6.0, 9.0],
+        xm.REDUCE_MAX: [3.0, 6.0, 9.0],
+        xm.REDUCE_OR: "Unsupported reduce type: or",
+    }
+
+
+def test_sync_batch_norm_starts_as_the_identity_with_standard_statistics(xla_target):
+    import torch_xla.core.functions as xf
+
+    bn = xf.SyncBatchNorm(4, eps=1e-3, momentum=0.2)
+    assert (bn.num_features, bn.eps, bn.momentum) == (4, 1e-3, 0.2)
+    state = {name: (value.dtype, value.tolist()) for name, value in bn.state_dict().items()}
+    assert list(state) == ["weight", "bias", "running_mean", "running_var"]
+    assert state["weight"] == state["running_var"] == (torch.float32, [1.0] * 4)
+    assert state["bias"] == state["running_mean"] == (torch.float32, [0.0] * 4)
+    assert [name for name, _ in bn.named_parameters()] == ["weight", "bias"]
+
+
 def test_sync_batch_norm_matches_batch_norm_in_one_replica(xla_target):
     import torch_xla
     import torch_xla.core.functions as xf

@@ -39,6 +39,32 @@ def test_sample_generator_and_nesting(xla_target):
     assert xu.list_copy_append(base, 3) == [1, 2, 3] and base == (1, 2)
 
 
+def test_fn_data_generator(xla_target):
+    import torch_xla.utils.utils as xu
+
+    made = []
+
+    def make(*shape):
+        made.append(shape)
+        return torch.full(shape, float(len(made)))
+
+    gen = xu.FnDataGenerator(lambda x: x.sum(), 4, make, dims=(2, 3), count=2)
+    assert len(gen) == 2
+    batches = [(data.shape, target.item()) for data, target in gen]
+    assert batches == [(torch.Size([4, 2, 3]), 24.0), (torch.Size([4, 2, 3]), 48.0)]
+    assert len(list(gen)) == 2  # every iter() starts a fresh pass
+    assert made == [(4, 2, 3)] * 4
+    flat = xu.FnDataGenerator(lambda x: x, 5, make)  # dims default to [1]
+    assert flat.next()[0].shape == torch.Size([5, 1])
+    with pytest.raises(StopIteration):
+        flat.next()
+    samples = xu.SampleGenerator("x", 1)
+    assert next(samples) == "x"
+    with pytest.raises(StopIteration):
+        next(samples)
+    assert list(samples) == ["x"]
+
+
 def test_for_each_instance_rewrite(xla_target):
     import torch_xla.utils.utils as xu
 

@@ -52,36 +52,6 @@ class MeshShape(NamedTuple):
         return MeshShape(*(a * b for a, b in zip(self, other, strict=False)))
 
 
-def process_bounds_size() -> int | None:
-    """Processes across all TPU hosts (``TPU_PROCESS_BOUNDS``), or None if unset."""
-    bounds = xu.getenv_as(xenv.TPU_PROCESS_BOUNDS, str)
-    return MeshShape.from_string(bounds).size if bounds else None
-
-
-def num_available_chips() -> int:
-    """TPU chips attached to this host: the simulated slice's chips per host."""
-    return state.current().spec.chips_per_host
-
-
-def num_logical_cores_per_chip() -> int:
-    return 2 if version() <= 3 else 1
-
-
-def num_available_devices() -> int:
-    return num_available_chips() * num_logical_cores_per_chip()
-
-
-def num_expected_global_devices() -> int:
-    return num_available_devices() * num_tpu_workers()
-
-
-def num_local_processes() -> int:
-    """Processes to start on this host: one per chip, capped by ``TPU_PROCESS_BOUNDS``."""
-    chips = num_available_chips()
-    bounded = process_bounds_size()
-    return min(chips, bounded) if bounded else chips
-
-
 def task_id() -> int | None:
     return xu.getenv_as(xenv.CLOUD_TPU_TASK_ID, int)
 
@@ -146,6 +116,39 @@ def get_worker_ips() -> list[str]:
 
 def num_tpu_workers() -> int:
     return len(get_worker_ips())
+
+
+def num_available_chips() -> int:
+    """TPU chips attached to this host: the simulated slice's chips per host."""
+    return state.current().spec.chips_per_host
+
+
+def num_local_processes() -> int:
+    """Processes to start on this host: one per chip, capped by ``TPU_PROCESS_BOUNDS``."""
+    chips = num_available_chips()
+    bounded = process_bounds_size()
+    return min(chips, bounded) if bounded else chips
+
+
+def process_bounds_size() -> int | None:
+    """Processes across all TPU hosts (``TPU_PROCESS_BOUNDS``), or None if unset."""
+    bounds = xu.getenv_as(xenv.TPU_PROCESS_BOUNDS, str)
+    return MeshShape.from_string(bounds).size if bounds else None
+
+
+def num_logical_cores_per_chip() -> int:
+    """XLA devices per chip: each of a v2 or v3 chip's two TensorCores is one."""
+    return 2 if version() <= 3 else 1
+
+
+def num_expected_global_devices() -> int:
+    """XLA devices the slice should have: this host's, times the hosts."""
+    return num_available_devices() * num_tpu_workers()
+
+
+def num_available_devices() -> int:
+    """XLA devices on this host (known without starting the runtime)."""
+    return num_available_chips() * num_logical_cores_per_chip()
 
 
 def configure_one_chip_topology() -> None:

@@ -12,30 +12,45 @@ import torch_xla.core.xla_model as xm
 import torch_xla.runtime as xr
 
 
+def _sum_gradient(grad: torch.Tensor, inputs: torch.Tensor, reduced: torch.Tensor) -> Any:
+    return grad
+
+
+def _product_gradient(grad: torch.Tensor, inputs: torch.Tensor, reduced: torch.Tensor) -> Any:
+    # d(prod)/d(x_i) = prod / x_i, taken as 0 where x_i is 0.
+    return grad * torch.where(inputs != 0, reduced / inputs, torch.zeros_like(inputs))
+
+
+def _extremum_gradient(grad: torch.Tensor, inputs: torch.Tensor, reduced: torch.Tensor) -> Any:
+    # Only the replicas whose value is the min (max) receive the gradient.
+    return torch.where(inputs == reduced, grad, torch.zeros_like(grad))
+
+
+# The input's gradient for each reduce type that has one; any other fails in the backward.
+_INPUT_GRADIENTS = {
+    xm.REDUCE_SUM: _sum_gradient,
+    xm.REDUCE_MUL: _product_gradient,
+    xm.REDUCE_MIN: _extremum_gradient,
+    xm.REDUCE_MAX: _extremum_gradient,
+}
+
+
 class AllReduce(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, input: torch.Tensor, reduce_type: str, scale: float, groups: Any) -> Any:  # noqa: A002
-        ctx.reduce_type = reduce_type
-        ctx.scale = scale
-        output = xm.all_reduce(reduce_type, input, scale=scale, groups=groups)
-        ctx.save_for_backward(input, output)
-        return output
+        reduced = xm.all_reduce(reduce_type, input, scale=scale, groups=groups)
+        ctx.save_for_backward(input, reduced)
+        ctx.options = (reduce_type, scale)
+        return reduced
 
     @staticmethod
     def backward(ctx: Any, grad_output: torch.Tensor) -> Any:
-        input, output = ctx.saved_tensors  # noqa: A001
-        grad = grad_output if ctx.scale == 1.0 else grad_output * ctx.scale
-        kind = ctx.reduce_type
-        if kind == xm.REDUCE_SUM:
-            pass
-        elif kind == xm.REDUCE_MUL:
-            # d(prod)/d(x_i) = prod / x_i, taken as 0 where x_i is 0.
-            grad = grad * torch.where(input != 0, output / input, torch.zeros_like(input))
-        elif kind in (xm.REDUCE_MIN, xm.REDUCE_MAX):
-            grad = torch.where(input == output, grad, torch.zeros_like(grad))
-        else:
-            raise RuntimeError(f"Unsupported reduce type: {kind}")
-        return grad, None, None, None
+        reduce_type, scale = ctx.options
+        gradient = _INPUT_GRADIENTS.get(reduce_type)
+        if gradient is None:
+            raise RuntimeError(f"Unsupported reduce type: {reduce_type}")
+        grad = grad_output if scale == 1.0 else grad_output * scale
+        return gradient(grad, *ctx.saved_tensors), None, None, None
 
 
 def all_reduce(
@@ -92,6 +107,8 @@ class SyncBatchNorm(torch.nn.Module):
     ``running_var``, as torch_xla's does.
     """
 
+    weight: torch.nn.Parameter
+    bias: torch.nn.Parameter
     running_mean: torch.Tensor
     running_var: torch.Tensor
 
@@ -100,10 +117,14 @@ class SyncBatchNorm(torch.nn.Module):
         self.num_features = num_features
         self.eps = eps
         self.momentum = momentum
-        self.weight = torch.nn.Parameter(torch.ones(num_features))
-        self.bias = torch.nn.Parameter(torch.zeros(num_features))
-        self.register_buffer("running_mean", torch.zeros(num_features))
-        self.register_buffer("running_var", torch.ones(num_features))
+        # Starts as the identity transform, with the statistics of a standard normal.
+        for name, fill in (("weight", 1.0), ("bias", 0.0)):
+            self.register_parameter(name, torch.nn.Parameter(self._per_channel(fill)))
+        for name, fill in (("running_mean", 0.0), ("running_var", 1.0)):
+            self.register_buffer(name, self._per_channel(fill))
+
+    def _per_channel(self, fill: float) -> torch.Tensor:
+        return torch.full((self.num_features,), fill)
 
     def forward(self, batch: torch.Tensor) -> torch.Tensor:
         assert 2 <= batch.ndim <= 5 and batch.shape[1] == self.num_features

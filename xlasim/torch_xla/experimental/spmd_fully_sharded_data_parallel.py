@@ -42,6 +42,14 @@ def _has_own_forward(module: nn.Module) -> bool:
     return forward is not None and forward is not nn.Module.forward
 
 
+def _given_or_global(mesh: spmd.Mesh | None) -> spmd.Mesh:
+    """The mesh to shard over: the one given, else the global one; there must be one."""
+    chosen = spmd.get_global_mesh() if mesh is None else mesh
+    if chosen is None:
+        raise ValueError("No mesh is provided and no global mesh is set. Please provide a mesh.")
+    return chosen
+
+
 class SpmdFullyShardedDataParallel(nn.Module):
     """Shards ``module``'s parameters over ``mesh``'s ``fsdp`` axis and its output's batch
     dimension (``extra_data_axis`` joins the batch sharding on a multi-slice mesh).
@@ -78,12 +86,7 @@ class SpmdFullyShardedDataParallel(nn.Module):
                 "method. (i.e. you should directly call the FSDP-wrapped module itself in "
                 "your code, instead of using any of its submodules or its weights)."
             )
-        if mesh is None:
-            mesh = spmd.get_global_mesh()
-            if mesh is None:
-                raise ValueError(
-                    "No mesh is provided and no global mesh is set. Please provide a mesh."
-                )
+        mesh = _given_or_global(mesh)
         if _AXIS not in mesh.axis_names:
             raise ValueError("The mesh must have an axis named 'fsdp'.")
         if extra_data_axis and extra_data_axis not in mesh.axis_names:

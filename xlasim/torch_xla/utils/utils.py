@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import os
 import shutil
 import socket
@@ -53,34 +54,51 @@ class TmpFolder:
         self.cleaner = Cleaner(lambda: shutil.rmtree(self.name))
 
 
-class SampleGenerator:
+class _FixedLengthPass:
+    """Iteration shared by the fake-data generators: ``len(self)`` items, each from
+    ``_produce()``; ``iter()`` gives a copy at the start of a fresh pass."""
+
+    def __init__(self, length: int) -> None:
+        self._length = length
+        self._produced = 0
+
+    def _produce(self) -> Any:
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __iter__(self) -> Any:
+        fresh = copy.copy(self)
+        fresh._produced = 0
+        return fresh
+
+    def next(self) -> Any:
+        if self._produced >= self._length:
+            raise StopIteration
+        item = self._produce()  # a failed item is not counted
+        self._produced += 1
+        return item
+
+    def __next__(self) -> Any:
+        return self.next()
+
+
+class SampleGenerator(_FixedLengthPass):
     """Yields the same ``data`` ``sample_count`` times: fake data in place of a ``DataLoader``.
 
     ``len()`` is ``sample_count``; every ``iter()`` starts a fresh pass.
     """
 
     def __init__(self, data: Any, sample_count: int) -> None:
-        self._data = data
-        self._sample_count = sample_count
-        self._count = 0
+        super().__init__(sample_count)
+        self._sample = data
 
-    def __iter__(self) -> SampleGenerator:
-        return SampleGenerator(self._data, self._sample_count)
-
-    def __len__(self) -> int:
-        return self._sample_count
-
-    def __next__(self) -> Any:
-        return self.next()
-
-    def next(self) -> Any:
-        if self._count >= self._sample_count:
-            raise StopIteration
-        self._count += 1
-        return self._data
+    def _produce(self) -> Any:
+        return self._sample
 
 
-class FnDataGenerator:
+class FnDataGenerator(_FixedLengthPass):
     """Yields ``count`` batches ``(data, func(data))``, ``data = gen_tensor(batch_size, *dims)``."""
 
     def __init__(
@@ -91,30 +109,14 @@ class FnDataGenerator:
         dims: Any = None,
         count: int = 1,
     ) -> None:
-        self._func = func
-        self._batch_size = batch_size
-        self._gen_tensor = gen_tensor
-        self._dims = list(dims) if dims else [1]
-        self._count = count
-        self._emitted = 0
+        super().__init__(count)
+        shape = list(dims) if dims else [1]
+        self._new_batch = functools.partial(gen_tensor, batch_size, *shape)
+        self._target_of = func
 
-    def __len__(self) -> int:
-        return self._count
-
-    def __iter__(self) -> FnDataGenerator:
-        return FnDataGenerator(
-            self._func, self._batch_size, self._gen_tensor, dims=self._dims, count=self._count
-        )
-
-    def __next__(self) -> tuple[Any, Any]:
-        return self.next()
-
-    def next(self) -> tuple[Any, Any]:
-        if self._emitted >= self._count:
-            raise StopIteration
-        self._emitted += 1
-        data = self._gen_tensor(self._batch_size, *self._dims)
-        return data, self._func(data)
+    def _produce(self) -> tuple[Any, Any]:
+        batch = self._new_batch()
+        return batch, self._target_of(batch)
 
 
 class DataWrapper:

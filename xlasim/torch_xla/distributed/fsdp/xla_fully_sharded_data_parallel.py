@@ -542,31 +542,44 @@ class XlaFullyShardedDataParallel(nn.Module):
 
     def get_shard_metadata(self) -> dict[str, Any]:
         """What ``consolidate_sharded_state_dicts`` needs besides the per-rank state dicts:
-        each wrapper's shards' original names and sizes, cast buffers' original dtypes, and
-        this rank's place in the world."""
-        shard_info: dict[str, Any] = {}
+        each wrapper's shards' original names and sizes, the flattened parameters' layouts,
+        cast buffers' original dtypes, and this rank's place in the world."""
+        return {
+            "shard_info": self._shard_origins(),
+            "flatten_info": self._flat_param_layouts(),
+            "buffer_info": self._cast_buffer_dtypes(),
+            "world_size": self.world_size,
+            "rank": self.rank,
+        }
+
+    def _shard_origins(self) -> dict[str, Any]:
+        """Per wrapper (by module path, as the state dict names it): each shard's original
+        parameter name and size."""
+        origins: dict[str, Any] = {}
         for module_name, m in self.named_modules(remove_duplicate=False):
             if isinstance(m, XlaFullyShardedDataParallel):
-                shard_info[module_name.replace("_fpw_module.", "")] = {
+                origins[module_name.replace("_fpw_module.", "")] = {
                     p._name: {"_orig_size": p._orig_size, "_orig_name": p._orig_name}  # type: ignore[attr-defined]
                     for p in m.sharded_params
                 }
-        buffer_info = {
-            name: {"_orig_dtype": buf._orig_dtype}
-            for name, buf in self.named_buffers()
-            if buf is not None and hasattr(buf, "_orig_dtype")
-        }
-        flatten_info = {}
+        return origins
+
+    def _flat_param_layouts(self) -> dict[str, Any]:
+        """Per flattened parameter (by its state-dict name): how to cut it back into the
+        parameters it holds."""
+        layouts = {}
         for module_name, m in self.named_modules(remove_duplicate=False):
             if isinstance(m, XlaFlattenParamsWrapper):
                 path = module_name.replace("_fpw_module.", "")
                 for i in range(len(m.flat_param_names)):
                     key = f"{path}.flat_param_{i}" if path else f"flat_param_{i}"
-                    flatten_info[key] = m.metadata(i)
+                    layouts[key] = m.metadata(i)
+        return layouts
+
+    def _cast_buffer_dtypes(self) -> dict[str, Any]:
+        """The dtype each buffer had before ``buffer_dtype`` cast it."""
         return {
-            "shard_info": shard_info,
-            "flatten_info": flatten_info,
-            "buffer_info": buffer_info,
-            "world_size": self.world_size,
-            "rank": self.rank,
+            name: {"_orig_dtype": buf._orig_dtype}
+            for name, buf in self.named_buffers()
+            if buf is not None and hasattr(buf, "_orig_dtype")
         }
