@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from fault_drills import FAULTS, leftovers, print_table, run_drill  # noqa: E402
 
-from xlasim.ray_cluster import machine_load, simulated_tpu_cluster  # noqa: E402
+from xlasim.ray.cluster import machine_load, simulated_tpu_cluster  # noqa: E402
 
 
 def bounds(hang_s: int) -> dict[str, str]:

@@ -24,8 +24,8 @@ from ray.train import RunConfig, ScalingConfig, UserCallback
 from ray.train.torch import TorchTrainer as RayTorchTrainer
 
 import tpu_backend
-from xlasim import demo
-from xlasim.ray_cluster import fit_with_deadline, simulated_tpu_cluster
+from xlasim.cli import demo
+from xlasim.ray.cluster import fit_with_deadline, simulated_tpu_cluster
 
 
 class FirstReport(UserCallback):

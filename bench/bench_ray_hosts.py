@@ -2,8 +2,8 @@
 training run through the TPU backend, teardown, and the memory each host costs.
 
 For each topology (default: v4 2x2x2 ... 4x4x8 = 2, 4, 8, 16, 32 hosts of 4 chips, 8 to 128 chips)
-it starts :func:`xlasim.ray_cluster.simulated_tpu_cluster` (one Ray node per host), runs the
-demo's training loop (``xlasim.demo.run``: SPMD MLP, one Ray Train worker per host) for a few
+it starts :func:`xlasim.ray.cluster.simulated_tpu_cluster` (one Ray node per host), runs the
+demo's training loop (``xlasim.cli.demo.run``: SPMD MLP, one Ray Train worker per host) for a few
 steps, and shuts the cluster down.  While the run goes on it samples the memory of every
 process the cluster started (this process's descendants), grouped by kind: the Ray Train
 workers that hold the simulated hosts, Ray's per-node daemons (raylet and its two agents),
@@ -33,8 +33,8 @@ from rich.console import Console
 from rich.table import Table
 
 from tpu_backend.topology import parse_slice
-from xlasim import demo
-from xlasim.ray_cluster import machine_load, simulated_tpu_cluster
+from xlasim.cli import demo
+from xlasim.ray.cluster import machine_load, simulated_tpu_cluster
 
 DEFAULT_SIZES = "2x2x2,2x2x4,2x4x4,4x4x4,4x4x8"
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import psutil
 
-from xlasim import ray_node
+from xlasim.ray import node as ray_node
 
 # hosts -> a slice with that many hosts of 4 chips
 SLICES = {2: ("2x2x2", "v4"), 4: ("4x4", "v6e"), 8: ("4x8", "v6e"), 16: ("8x8", "v6e")}

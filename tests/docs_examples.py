@@ -57,7 +57,7 @@ def python_examples() -> list[Example]:
 _CLUSTER_DRIVER = """\
 import sys
 import ray
-from xlasim.ray_cluster import SIMULATION_RUNTIME_ENV
+from xlasim.ray.cluster import SIMULATION_RUNTIME_ENV
 
 address, name, code = sys.argv[1:4]
 ray.init(address=address, runtime_env=SIMULATION_RUNTIME_ENV)

@@ -353,7 +353,7 @@ def run_drill(
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 
     import tpu_backend
-    from xlasim.ray_cluster import error_chain_text, fit_with_deadline
+    from xlasim.ray.cluster import error_chain_text, fit_with_deadline
 
     if host is None:
         host = 0 if fault == "kill_coordinator" else 1

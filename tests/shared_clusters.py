@@ -62,7 +62,7 @@ going), waited for before a kept cluster is handed on."""
 
 
 class ClusterPool:
-    """At most one running :func:`xlasim.ray_cluster.simulated_tpu_cluster`, reused by key."""
+    """At most one running :func:`xlasim.ray.cluster.simulated_tpu_cluster`, reused by key."""
 
     def __init__(self) -> None:
         self._key: tuple[Any, ...] | None = None
@@ -85,7 +85,7 @@ class ClusterPool:
             # Not as a new cluster would be: start a new one rather than let it fail the next.
             print(f"shared cluster {key}: restarting it ({'; '.join(problems)})")
         self.release()
-        from xlasim.ray_cluster import simulated_tpu_cluster
+        from xlasim.ray.cluster import simulated_tpu_cluster
 
         stack = contextlib.ExitStack()
         saved = {k: os.environ.pop(k) for k in PER_RUN_ENV if k in os.environ}
@@ -115,7 +115,7 @@ class ClusterPool:
         import ray
         import ray._private.state
 
-        from xlasim.ray_cluster import release_placement_groups
+        from xlasim.ray.cluster import release_placement_groups
 
         # A run that failed in worker setup leaves its placement group for the caller to free
         # (see fit_with_deadline); freeing it here is what a new cluster's user would see.

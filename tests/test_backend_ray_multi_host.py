@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("ray.train")
 
-from xlasim import demo  # noqa: E402
+from xlasim.cli import demo  # noqa: E402
 
 # One Ray cluster at a time on this machine: xdist runs the "ray" group on one worker.
 pytestmark = [pytest.mark.timeout(900), pytest.mark.xdist_group("ray")]

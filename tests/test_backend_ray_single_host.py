@@ -17,9 +17,9 @@ from docs_examples import cluster_driver_command, env_for, python_examples, run 
 from ray.train import RunConfig, ScalingConfig  # noqa: E402
 
 import tpu_backend  # noqa: E402
-from xlasim import demo  # noqa: E402
+from xlasim.cli import demo  # noqa: E402
 from xlasim.pytest_plugin import real_torch_xla_unavailable  # noqa: E402
-from xlasim.ray_cluster import (  # noqa: E402
+from xlasim.ray.cluster import (  # noqa: E402
     error_chain_text,
     fit_with_deadline,
     release_placement_groups,

@@ -1,7 +1,7 @@
 """The backend on real torch_xla 2.9 (PJRT CPU, 4 devices), one Ray Train worker.
 
 Runs only where real torch_xla is installed (the ``xla-cpu`` env).  The training loop is
-the same :func:`xlasim.demo.train_loop` the simulated-slice tests run, so the mesh, the
+the same :func:`xlasim.cli.demo.train_loop` the simulated-slice tests run, so the mesh, the
 loss curve shape and the compile counts seen here are what the simulator must reproduce.
 """
 
@@ -60,8 +60,8 @@ def test_spmd_on_real_torch_xla_cpu(local_ray, tmp_path):
     from ray.train import RunConfig, ScalingConfig
 
     import tpu_backend
-    from xlasim import demo
-    from xlasim.ray_cluster import fit_with_deadline
+    from xlasim.cli import demo
+    from xlasim.ray.cluster import fit_with_deadline
 
     out = tmp_path / "records"
     out.mkdir()
@@ -151,7 +151,7 @@ def test_xla_process_group_without_spmd(local_ray, tmp_path):
     from ray.train import RunConfig, ScalingConfig
 
     import tpu_backend
-    from xlasim.ray_cluster import fit_with_deadline
+    from xlasim.ray.cluster import fit_with_deadline
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     trainer = tpu_backend.TorchTrainer(
@@ -218,7 +218,7 @@ def test_ray_helpers_under_spmd_on_real_torch_xla_cpu(local_ray, tmp_path):
     from ray.train import RunConfig, ScalingConfig
 
     import tpu_backend
-    from xlasim.ray_cluster import fit_with_deadline
+    from xlasim.ray.cluster import fit_with_deadline
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     trainer = tpu_backend.TorchTrainer(

@@ -35,9 +35,9 @@ from tpu_backend.compile_cache import (
 from tpu_backend.config import TPUTorchConfig
 from tpu_backend.precision import SeamlessConfig
 from tpu_backend.topology import parse_slice, tpu_host_env
-from xlasim import cli
 from xlasim._activation import config_from_env
-from xlasim.runtime.knobs import EnvError, check_runtime_knobs, env_float, env_int
+from xlasim.cli import commands as cli
+from xlasim.runtime.settings import EnvError, check_runtime_knobs, env_float, env_int
 from xlasim.sharding.messages import NOTE_PREFIX
 
 

@@ -9,7 +9,7 @@ import sysconfig
 
 import pytest
 
-from xlasim.cli import main
+from xlasim.cli.commands import main
 
 installed = pytest.mark.skipif(
     not os.path.exists(os.path.join(sysconfig.get_paths()["purelib"], "xlasim.pth")),

@@ -20,7 +20,7 @@ import pytest
 from global_batch import eager_sgd
 from launcher import kill_launcher_group, start_xlasim_run
 
-from xlasim import host_launcher
+from xlasim.cli import launcher as host_launcher
 from xlasim.runtime import hosts
 
 pytestmark = pytest.mark.skipif(

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import xlasim
-from xlasim.runtime.knobs import EnvError
+from xlasim.runtime.settings import EnvError
 
 
 def _operands(seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

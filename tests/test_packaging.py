@@ -102,7 +102,7 @@ def test_pth_sits_at_site_packages_root_as_one_import_line(
 def test_entry_points(wheel_path: Path) -> None:
     parser = configparser.ConfigParser()
     parser.read_string(_read_member(wheel_path, ".dist-info/entry_points.txt"))
-    assert parser["console_scripts"]["xlasim"] == "xlasim.cli:main"
+    assert parser["console_scripts"]["xlasim"] == "xlasim.cli.commands:main"
     assert parser["pytest11"]["xlasim"] == "xlasim.pytest_plugin"
 
 

@@ -12,7 +12,7 @@ pytest.importorskip("ray")
 import ray  # noqa: E402
 
 from tpu_backend.topology import parse_slice  # noqa: E402
-from xlasim.ray_cluster import (  # noqa: E402
+from xlasim.ray.cluster import (  # noqa: E402
     SIMULATION_RUNTIME_ENV,
     host_node_args,
     simulated_tpu_cluster,
@@ -32,7 +32,7 @@ pytestmark = [
 @pytest.fixture
 def tpu_ray_cluster(request):
     # The same thin wrapper the pytest plugin registers (imports ray only when used).
-    from xlasim.ray_cluster import tpu_ray_cluster_fixture
+    from xlasim.ray.cluster import tpu_ray_cluster_fixture
 
     yield from tpu_ray_cluster_fixture(request)
 

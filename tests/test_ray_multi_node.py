@@ -34,9 +34,9 @@ import yaml  # noqa: E402  (Ray's own dependency)
 from shared_clusters import RAY_TEST_ENV  # noqa: E402
 
 from tpu_backend.topology import parse_slice  # noqa: E402
-from xlasim import ray_node  # noqa: E402
-from xlasim.cli import main as xlasim_main  # noqa: E402
-from xlasim.ray_cluster import SIMULATION_RUNTIME_ENV  # noqa: E402
+from xlasim.cli.commands import main as xlasim_main  # noqa: E402
+from xlasim.ray import node as ray_node  # noqa: E402
+from xlasim.ray.cluster import SIMULATION_RUNTIME_ENV  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -204,7 +204,7 @@ def test_runtime_env_hook_adds_the_simulation_to_the_drivers_runtime_env():
     env = ray_node.with_simulation({"env_vars": {"A": "1"}, "pip": ["x"]})
     assert env["pip"] == ["x"]
     assert env["env_vars"] == {"A": "1", **SIMULATION_RUNTIME_ENV["env_vars"]}
-    assert env["worker_process_setup_hook"] == "xlasim.ray_cluster.job_worker_setup"
+    assert env["worker_process_setup_hook"] == "xlasim.ray.cluster.job_worker_setup"
     assert ray_node.with_simulation(None)["env_vars"] == SIMULATION_RUNTIME_ENV["env_vars"]
     with pytest.raises(ValueError, match="worker_process_setup_hook='mine.hook'"):
         ray_node.with_simulation({"worker_process_setup_hook": "mine.hook"})
@@ -373,8 +373,8 @@ import ray
 from ray.train import FailureConfig, RunConfig, ScalingConfig
 
 import tpu_backend
-from xlasim import demo
-from xlasim.ray_cluster import error_chain_text, fit_with_deadline, release_placement_groups
+from xlasim.cli import demo
+from xlasim.ray.cluster import error_chain_text, fit_with_deadline, release_placement_groups
 
 steps, out_dir, storage, bound = int(sys.argv[1]), sys.argv[2], sys.argv[3], float(sys.argv[4])
 ray.init()  # RAY_ADDRESS and RAY_RUNTIME_ENV_HOOK come from the environment
@@ -423,7 +423,7 @@ def _driver(cluster: LiveCluster, code: str, *args: str, cwd: Path) -> subproces
     env = dict(
         cluster.env,
         RAY_ADDRESS=cluster.address,
-        RAY_RUNTIME_ENV_HOOK="xlasim.ray_node.with_simulation",
+        RAY_RUNTIME_ENV_HOOK="xlasim.ray.node.with_simulation",
     )
     return subprocess.Popen(
         [sys.executable, "-c", code, *args],
@@ -484,7 +484,7 @@ def test_an_unchanged_driver_trains_on_hosts_of_two_machines(live_cluster, tmp_p
         assert node["resources"]["TPU"] == 4
         assert ("TPU-v4-16-head" in node["resources"]) == (host == 0)
 
-    from xlasim import demo
+    from xlasim.cli import demo
 
     records = demo.read_records(out_dir)
     assert [r["host_index"] for r in records] == [0, 1]
@@ -512,7 +512,7 @@ def test_a_killed_node_fails_the_run_clearly_and_leaves_nothing(live_cluster, tm
         str(FIT_BOUND_S), cwd=tmp_path,
     )  # fmt: skip
     try:
-        from xlasim import demo
+        from xlasim.cli import demo
 
         def both_hosts_training() -> bool:
             progress = demo.read_progress(out_dir)

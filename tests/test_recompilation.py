@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import xlasim
-from xlasim.recompilation import (
+from xlasim.reports.recompilation import (
     RecompilationError,
     assert_no_recompilation,
     clear_recompilations,

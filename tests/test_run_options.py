@@ -19,8 +19,8 @@ import torch
 from extras import tpu_compiler_missing
 
 import xlasim
-from xlasim.cli import main
-from xlasim.runtime.run_options import resolve_compiler, resolve_dry_run
+from xlasim.cli.commands import main
+from xlasim.runtime.settings import resolve_compiler, resolve_dry_run
 
 
 @pytest.mark.parametrize("value", ["none", "", "None", " NONE "])

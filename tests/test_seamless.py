@@ -303,7 +303,7 @@ def test_same_loop_under_spmd_on_a_simulated_slice():
     with xlasim.simulate("2x4", "v6e"):
         import torch_xla.runtime as xr
 
-        from xlasim.recompilation import assert_no_recompilation
+        from xlasim.reports.recompilation import assert_no_recompilation
 
         xr.use_spmd()
         with assert_no_recompilation():
@@ -315,7 +315,7 @@ def test_same_loop_under_spmd_on_a_simulated_slice():
 
 def test_ragged_last_batch_is_reported_as_a_recompilation():
     with xlasim.simulate("2x2"):
-        from xlasim.recompilation import recompilations
+        from xlasim.reports.recompilation import recompilations
 
         same_loop({"global_batch": 24, "epochs": 1})  # 64 = 24 + 24 + 16
         reports = recompilations()
@@ -420,7 +420,7 @@ def test_same_loop_in_ray_train_on_gloo_and_on_a_simulated_slice(tpu_clusters, t
     from ray.train.torch import TorchTrainer as RayTorchTrainer
 
     import tpu_backend
-    from xlasim.ray_cluster import fit_with_deadline
+    from xlasim.ray.cluster import fit_with_deadline
 
     # Workers cannot import this test module: ship the loop by value.
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -482,7 +482,7 @@ def test_backend_compile_cache_makes_the_second_run_compile_nothing(tpu_clusters
     from ray.train import RunConfig, ScalingConfig
 
     import tpu_backend
-    from xlasim.ray_cluster import fit_with_deadline
+    from xlasim.ray.cluster import fit_with_deadline
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     cache_dir = tmp_path / "xla-cache"
@@ -528,7 +528,7 @@ def test_same_loop_on_a_multi_host_simulated_slice(tpu_clusters, tmp_path):
     from ray.train import RunConfig, ScalingConfig
 
     import tpu_backend
-    from xlasim.ray_cluster import fit_with_deadline
+    from xlasim.ray.cluster import fit_with_deadline
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     cpu = same_loop({"settings": {"device": "cpu"}})

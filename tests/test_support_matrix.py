@@ -9,11 +9,11 @@ import pytest
 import torch
 
 import xlasim
-from xlasim import support_matrix as sm
+from xlasim.reports import support_matrix as sm
 
 
 def test_committed_page_is_up_to_date(capsys: pytest.CaptureFixture[str]) -> None:
-    # Fails after a change to the simulated surface until `python -m xlasim.support_matrix
+    # Fails after a change to the simulated surface until `python -m xlasim.reports.support_matrix
     # write` is run and its page committed.
     # The checkout's page: where the package is installed as a wheel (CI), DOC_FILE's default
     # points into site-packages.

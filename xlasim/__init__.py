@@ -28,19 +28,19 @@ __all__ = [
 # Loaded on first use: `import xlasim` runs in every pytest session (the plugin) and at
 # interpreter start under env activation, so it must not import torch.
 _LAZY = {
-    "InputChange": "xlasim.recompilation",
-    "RecompilationError": "xlasim.recompilation",
-    "RecompilationReport": "xlasim.recompilation",
-    "assert_no_recompilation": "xlasim.recompilation",
-    "clear_recompilations": "xlasim.recompilation",
-    "recompilation_report": "xlasim.recompilation",
-    "recompilations": "xlasim.recompilation",
+    "InputChange": "xlasim.reports.recompilation",
+    "RecompilationError": "xlasim.reports.recompilation",
+    "RecompilationReport": "xlasim.reports.recompilation",
+    "assert_no_recompilation": "xlasim.reports.recompilation",
+    "clear_recompilations": "xlasim.reports.recompilation",
+    "recompilation_report": "xlasim.reports.recompilation",
+    "recompilations": "xlasim.reports.recompilation",
     "chip_memory": "xlasim.runtime.memory",
-    "compiled_graphs": "xlasim.compile_report",
-    "compiled_graphs_report": "xlasim.compile_report",
+    "compiled_graphs": "xlasim.reports.compile_report",
+    "compiled_graphs_report": "xlasim.reports.compile_report",
     "enforce_hbm": "xlasim.runtime.memory",
-    "chip_memory_table": "xlasim.memory_view",
-    "show_chip_memory": "xlasim.memory_view",
+    "chip_memory_table": "xlasim.reports.memory_view",
+    "show_chip_memory": "xlasim.reports.memory_view",
 }
 
 

@@ -1,3 +1,3 @@
-from xlasim.cli import main
+from xlasim.cli.commands import main
 
 raise SystemExit(main())

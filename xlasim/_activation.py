@@ -22,8 +22,14 @@ from typing import Any, TypeVar
 
 from tpu_backend.machine import real_torch_xla_loaded
 from tpu_backend.topology import SliceSpec, parse_slice, tpu_host_env
-from xlasim.runtime.knobs import EnvError, check_runtime_knobs, env_int
-from xlasim.runtime.run_options import REPORT_ENV, resolve_compiler, resolve_dry_run
+from xlasim.runtime.settings import (
+    REPORT_ENV,
+    EnvError,
+    check_runtime_knobs,
+    env_int,
+    resolve_compiler,
+    resolve_dry_run,
+)
 
 _SURFACE_PARENT = os.path.dirname(os.path.abspath(__file__))
 _lock = threading.RLock()
@@ -118,7 +124,7 @@ class _LazyFinder(importlib.abc.MetaPathFinder):
 def _report_at_exit(runtime: Any) -> None:
     # Deferred: rich and the report load only in a process that prints it (`xlasim run
     # --compiler`), not at every interpreter start-up.
-    from xlasim.compile_report import print_at_exit
+    from xlasim.reports.compile_report import print_at_exit
 
     atexit.register(print_at_exit, runtime)
 
@@ -280,7 +286,7 @@ def is_active() -> bool:
 def activate_from_env(environ: os._Environ[str] | dict[str, str] = os.environ) -> None:
     """Arranges for this process to import the simulator (``XLASIM_*`` variables).
 
-    Raises :class:`~xlasim.runtime.knobs.EnvError` when the variables do not name a valid
+    Raises :class:`~xlasim.runtime.settings.EnvError` when the variables do not name a valid
     simulated host; nothing is installed then.
     """
     config = config_from_env(environ)

@@ -10,7 +10,7 @@ import os
 import sys
 
 from xlasim._activation import activate_from_env
-from xlasim.runtime.knobs import EnvError
+from xlasim.runtime.settings import EnvError
 
 try:
     activate_from_env()

@@ -243,7 +243,7 @@ def _configure_compiler(config: pytest.Config) -> None:
     if name is None:
         return
     # Deferred: the real-target child loads this file without the xlasim package.
-    from xlasim.runtime.run_options import resolve_compiler
+    from xlasim.runtime.settings import resolve_compiler
 
     try:
         resolve_compiler(name)
@@ -423,7 +423,7 @@ def _xlasim_shared_simulation() -> Iterator[_SharedSimulation]:
         shared.close()
 
 
-# xlasim.runtime.knobs's PRECISIONS and MAT_MUL_PRECISION_ENV, restated: the real-target child
+# xlasim.runtime.settings's PRECISIONS and MAT_MUL_PRECISION_ENV, restated: the real-target child
 # loads this file without the xlasim package.
 _PRECISIONS = ("default", "high", "highest")
 _PRECISION_ENV = "XLASIM_MAT_MUL_PRECISION"
@@ -503,7 +503,7 @@ def tpu_ray_cluster(request: pytest.FixtureRequest) -> Iterator[Any]:
     imported only when a test asks for it.
     """
     # Deferred: the real-target child loads this file without the xlasim package.
-    from xlasim.ray_cluster import tpu_ray_cluster_fixture
+    from xlasim.ray.cluster import tpu_ray_cluster_fixture
 
     yield from tpu_ray_cluster_fixture(request)
 

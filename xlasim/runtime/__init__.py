@@ -1,2 +1,3 @@
-"""The simulated runtime's state: device, tensors, lazy graphs, metrics, memory, hosts; and the
-optional TPU-compiler layer (``libtpu_compiler``, ``aten_to_jax``), imported only when asked."""
+"""The simulated runtime's state: device, tensors, lazy graphs, metrics, memory, hosts, and the
+environment variables that configure them (``settings``); ``compiler/`` holds what turns a
+pending graph into text or into a real TPU executable."""

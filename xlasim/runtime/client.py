@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tpu_backend.topology import SliceSpec
-from xlasim.runtime.sysenv import env_int
+from xlasim.runtime.settings import xla_env_int
 from xlasim.sharding.device_layout import device_attributes
 
 TPU = "TPU"
@@ -121,7 +121,7 @@ def chip_process_client(
             f"0..{spec.chips_per_host - 1}"
         )
     processes = _bounds_size("TPU_PROCESS_BOUNDS", environ) or spec.num_chips
-    task = env_int("CLOUD_TPU_TASK_ID", host_index * spec.chips_per_host + chip, environ)
+    task = xla_env_int("CLOUD_TPU_TASK_ID", host_index * spec.chips_per_host + chip, environ)
     if not 0 <= task < processes:
         raise ValueError(
             f"CLOUD_TPU_TASK_ID={task} is outside the {processes} processes that "
@@ -154,7 +154,7 @@ def client_from_env(
     if device == TPU:
         return chip_process_client(spec, host_index, environ) or tpu_client(spec, host_index)
     if device == CPU:
-        count = env_int("CPU_NUM_DEVICES", 1, environ)
+        count = xla_env_int("CPU_NUM_DEVICES", 1, environ)
         if count < 1:
             raise ValueError(
                 f"CPU_NUM_DEVICES={environ.get('CPU_NUM_DEVICES')!r} is not a valid number of "

@@ -24,7 +24,7 @@ import torch
 
 from xlasim.runtime.hbm import HBM, settle_all
 from xlasim.runtime.metrics import Metrics
-from xlasim.runtime.sysenv import env_flag, env_int
+from xlasim.runtime.settings import xla_env_flag, xla_env_int
 from xlasim.sharding import propagation
 from xlasim.sharding.op_sharding import OpSharding
 from xlasim.sharding.tensor_sharding import TensorSharding
@@ -136,7 +136,7 @@ class CompileError(RuntimeError):
 
 
 class GraphCompiler(Protocol):
-    """A real compiler the graphs also go to (implemented by ``runtime.libtpu_compiler``)."""
+    """A real compiler the graphs also go to (implemented by ``runtime.compiler.libtpu``)."""
 
     def compile_graph(self, tensors: list[Any], key: int, site: str) -> CompiledGraph:
         """Compiles the graph materializing ``tensors`` unless graph ``key`` was compiled
@@ -337,7 +337,7 @@ class GraphCache:
         # Under SPMD, data moved from the host that an op used since the last step barrier.
         self.moved_in_use: list[weakref.ReferenceType[Any]] = []
         self.initialized = False
-        # The real compiler every graph also goes to (``runtime.libtpu_compiler``), if any.
+        # The real compiler every graph also goes to (``runtime.compiler.libtpu``), if any.
         self.compiler: GraphCompiler | None = None
         # torch_xla's graph-executor switches: eager mode runs each op as its own graph;
         # ``torch_xla.compile(full_graph=True)`` forbids executing until its closing sync.
@@ -398,7 +398,9 @@ class GraphCache:
     def _store(self, record: GraphRecord) -> None:
         if self._capacity is None:
             # Read once, when the cache is created, as torch_xla does.
-            self._capacity = env_int("XLA_COMPILATION_CACHE_SIZE", DEFAULT_COMPILATION_CACHE_SIZE)
+            self._capacity = xla_env_int(
+                "XLA_COMPILATION_CACHE_SIZE", DEFAULT_COMPILATION_CACHE_SIZE
+            )
         self.compiled[record.key] = record
         self.compiled.move_to_end(record.key)
         while len(self.compiled) > max(self._capacity, 0):
@@ -629,7 +631,7 @@ def _buffer_donors(tensors: list[Any], step_barrier: bool) -> int:
     ``XLA_ENABLE_PARAM_ALIASING`` is off. Rank-0 tensors do not donate (measured on torch_xla
     2.9: 0 for a 0-dim ``+=``, 1 for ranks 1 and 2, created on or moved to the device).
     """
-    if not step_barrier or not env_flag("XLA_ENABLE_PARAM_ALIASING", "1"):
+    if not step_barrier or not xla_env_flag("XLA_ENABLE_PARAM_ALIASING", "1"):
         return 0
     return sum(1 for t in tensors if t._aliased and t.dim() > 0)
 

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tpu_backend.topology import SliceSpec
-from xlasim.runtime.knobs import ENFORCE_HBM_ENV, env_bool
+from xlasim.runtime.settings import ENFORCE_HBM_ENV, env_bool
 from xlasim.sharding.device_layout import device_attributes
 from xlasim.sharding.op_sharding import ProtoType
 from xlasim.sharding.tensor_sharding import TensorSharding

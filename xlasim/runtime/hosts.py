@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from tpu_backend.topology import tpu_host_env
 from xlasim.runtime import listeners
-from xlasim.runtime.knobs import HOSTS_TIMEOUT_ENV, env_float
+from xlasim.runtime.settings import HOSTS_TIMEOUT_ENV, env_float
 from xlasim.runtime.state import HostLink, SimRuntime
 
 ADDR_ENV = "XLASIM_HOSTS_ADDR"

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from xlasim.runtime.sysenv import env_flag
+from xlasim.runtime.settings import xla_env_flag
 
 __all__ = ["OFF", "read_mode", "round_in_place", "round_scalar"]
 
@@ -48,7 +48,13 @@ def read_mode() -> str:
     """The mode the environment asks for (``XLA_USE_BF16`` wins when both are set), announced
     on standard output as torch_xla does."""
     global _announced
-    mode = USE_BF16 if env_flag(USE_BF16) else DOWNCAST_BF16 if env_flag(DOWNCAST_BF16) else OFF
+    mode = (
+        USE_BF16
+        if xla_env_flag(USE_BF16)
+        else DOWNCAST_BF16
+        if xla_env_flag(DOWNCAST_BF16)
+        else OFF
+    )
     if mode and not _announced:  # once per process, as torch_xla's static reading does
         _announced = True
         sys.stdout.flush()  # torch_xla writes from C++, straight to the descriptor

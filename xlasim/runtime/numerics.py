@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from xlasim.runtime import state as _runtime
-from xlasim.runtime.knobs import PRECISIONS
+from xlasim.runtime.settings import PRECISIONS
 
 __all__ = [
     "PRECISIONS",

@@ -33,7 +33,7 @@ from torch.library import custom_op
 
 from xlasim.runtime import listeners, state
 from xlasim.runtime.hosts import hosts_timeout_s, stdout_discarded
-from xlasim.runtime.knobs import HOSTS_TIMEOUT_ENV
+from xlasim.runtime.settings import HOSTS_TIMEOUT_ENV
 from xlasim.runtime.state import HostLink, SimRuntime
 
 ADDR_ENV = "XLASIM_REPLICAS_ADDR"

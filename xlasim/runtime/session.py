@@ -22,7 +22,7 @@ from xlasim.runtime import autocast, graph, state
 from xlasim.runtime.client import Client, cpu_client, tpu_client
 from xlasim.runtime.device import check_autograd_engine, ensure_device_guard, release_graph_tasks
 from xlasim.runtime.dry_run import ShapeOnlyFactories
-from xlasim.runtime.run_options import LIBTPU
+from xlasim.runtime.settings import LIBTPU
 from xlasim.runtime.tensor import FACTORY_KERNELS, device_indices, wrap_data, xla_device
 
 _autograd_checked = False
@@ -145,7 +145,7 @@ def enter(
     if compiler == LIBTPU:
         # Deferred: the compile layer imports jax, an optional extra that only a simulation
         # asking for the compiler may load.
-        from xlasim.runtime.libtpu_compiler import LibtpuCompiler
+        from xlasim.runtime.compiler.libtpu import LibtpuCompiler
 
         runtime.graphs.compiler = LibtpuCompiler(spec)
     runtime.save_env()

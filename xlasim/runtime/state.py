@@ -18,15 +18,15 @@ from xlasim.runtime.client import Client, client_from_env
 from xlasim.runtime.coordinator import Coordinator
 from xlasim.runtime.graph import GraphCache
 from xlasim.runtime.hbm import HBM
-from xlasim.runtime.knobs import (
+from xlasim.runtime.metrics import Metrics
+from xlasim.runtime.settings import (
     MAT_MUL_PRECISION_ENV,
     NUMERICS,
     NUMERICS_ENV,
     PRECISIONS,
     env_choice,
+    xla_env_flag,
 )
-from xlasim.runtime.metrics import Metrics
-from xlasim.runtime.sysenv import env_flag
 
 # Environment variables torch_xla itself reads or writes; saved on activation and restored on
 # deactivation so a simulation never leaks its SPMD mode or cache settings into the caller.
@@ -144,7 +144,7 @@ class SimRuntime:
     def spmd(self) -> bool:
         # torch_xla decides SPMD from the environment flag, so a user setting it directly
         # is honoured exactly as on the real runtime.
-        return env_flag("XLA_USE_SPMD")
+        return xla_env_flag("XLA_USE_SPMD")
 
     @property
     def client(self) -> Client:

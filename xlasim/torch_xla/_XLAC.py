@@ -19,11 +19,12 @@ from typing import Any
 import torch
 
 from xlasim.runtime import manual, numerics, optimizer_steps, state
+from xlasim.runtime.compiler.hlo_text import tensors_hlo
 from xlasim.runtime.debug_info import tensor_debug_info
 from xlasim.runtime.errors import expected_xla_tensor
 from xlasim.runtime.graph import CompileError, CustomCall
-from xlasim.runtime.hlo_text import tensors_hlo
 from xlasim.runtime.memory import reserve, reshard, sent_bytes, settle
+from xlasim.runtime.settings import xla_env_flag
 from xlasim.runtime.shards import (
     assemble_from_hosts,
     gather_shards,
@@ -31,7 +32,6 @@ from xlasim.runtime.shards import (
     place_input,
     place_shards,
 )
-from xlasim.runtime.sysenv import env_flag
 from xlasim.runtime.tensor import (
     XlaSimTensor,
     add_custom_sharding,
@@ -436,7 +436,7 @@ def _xla_optimization_barrier_(tensors: Sequence[Any]) -> None:
 def _xla_get_auto_sharding() -> bool:
     """``ShardingUtil::GetAutoSharding``: auto-sharding is never on in the simulator, which
     does not simulate it; ``XLA_AUTO_SPMD`` would switch it on in torch_xla."""
-    if env_flag("XLA_AUTO_SPMD"):
+    if xla_env_flag("XLA_AUTO_SPMD"):
         raise NotImplementedError(
             "xlasim does not simulate auto-sharding (XLA_AUTO_SPMD is set: "
             "torch_xla._XLAC._xla_get_auto_sharding)"

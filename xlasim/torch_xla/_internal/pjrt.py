@@ -23,8 +23,7 @@ import torch_xla.core.xla_model as xm
 from torch_xla import runtime
 
 from xlasim.runtime import replicas, state
-from xlasim.runtime.run_options import COMPILER_ENV, DRY_RUN_ENV
-from xlasim.runtime.sysenv import env_int
+from xlasim.runtime.settings import COMPILER_ENV, DRY_RUN_ENV, xla_env_int
 
 R = TypeVar("R")
 
@@ -82,7 +81,7 @@ def unsimulated_reason() -> str | None:
     """Why the simulator cannot start torch_xla's processes for this host, or None."""
     rt = state.current()
     if runtime.device_type() != "TPU":
-        devices = env_int("CPU_NUM_DEVICES", 1) if runtime.device_type() == "CPU" else 1
+        devices = xla_env_int("CPU_NUM_DEVICES", 1) if runtime.device_type() == "CPU" else 1
         if devices > 1:
             return (
                 f"xlasim does not simulate xmp.spawn on the PJRT CPU client with "

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from concurrent import futures
 from typing import Any
 
-from xlasim.runtime import state as _runtime
+from xlasim.runtime.settings import xla_env_flag
 
 
 class Cleaner:
@@ -298,4 +298,4 @@ class TimedScope:
 
 
 def check_env_flag(name: str, default: str = "") -> bool:
-    return _runtime.env_flag(name, default)
+    return xla_env_flag(name, default)

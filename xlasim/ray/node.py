@@ -2,20 +2,20 @@
 cluster: ``xlasim ray-node --topology 8x8 --accelerator v6e --hosts 4-7 --address HEAD:PORT``.
 
 Each simulated host is its own Ray node (a ``ray start --block`` process and its raylet), with
-the resources, labels and environment :func:`xlasim.ray_cluster.host_node_args` gives the
-hosts of :func:`xlasim.ray_cluster.simulated_tpu_cluster`, so Ray's TPU placement and the
+the resources, labels and environment :func:`xlasim.ray.cluster.host_node_args` gives the
+hosts of :func:`xlasim.ray.cluster.simulated_tpu_cluster`, so Ray's TPU placement and the
 ``tpu_backend`` bootstrap see the same slice whichever machines its hosts are spread over.
 :func:`kuberay_worker_groups` writes the same nodes as KubeRay worker groups.
 
 What differs from the one-machine cluster is where the simulated hosts meet to exchange
 host-entered data (``XLASIM_HOSTS_ADDR``: host 0 listens).  Host 0 may be on any machine, so
 every node of a slice carries only the port (:data:`HOSTS_PORT_ENV`); when a job's worker
-starts, :func:`xlasim.ray_cluster.job_worker_setup` finds host 0's node by its labels and
+starts, :func:`xlasim.ray.cluster.job_worker_setup` finds host 0's node by its labels and
 joins the port to that node's address.
 
 The driver activates the simulator in the job's workers with the job's ``runtime_env``:
 ``ray.init(address=..., runtime_env=SIMULATION_RUNTIME_ENV)``, or, for a driver that must stay
-unchanged, ``RAY_RUNTIME_ENV_HOOK=xlasim.ray_node.with_simulation``.
+unchanged, ``RAY_RUNTIME_ENV_HOOK=xlasim.ray.node.with_simulation``.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from xlasim.arguments import (
     positive_float,
     reject_dash_topologies,
 )
-from xlasim.ray_cluster import (
+from xlasim.ray.cluster import (
     DEFAULT_OBJECT_STORE_BYTES,
     HOSTS_PORT_ENV,
     SIMULATION_RUNTIME_ENV,
@@ -254,7 +254,7 @@ def kuberay_worker_groups(
 def with_simulation(runtime_env: dict[str, Any] | None) -> dict[str, Any]:
     """``runtime_env`` plus what activates the simulator in the job's workers.
 
-    Ray calls it on ``ray.init`` when ``RAY_RUNTIME_ENV_HOOK=xlasim.ray_node.with_simulation``
+    Ray calls it on ``ray.init`` when ``RAY_RUNTIME_ENV_HOOK=xlasim.ray.node.with_simulation``
     is set, so a driver connects to a cluster of simulated hosts without changing its code.
     """
     env = dict(runtime_env or {})

@@ -41,7 +41,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from tpu_backend.topology import SliceSpec
 from xlasim.runtime import dry_run
 from xlasim.runtime.graph import CompiledGraph, CompileError, InputRef, Node, RecordedCall
-from xlasim.runtime.run_options import REPORT_ENV
+from xlasim.runtime.settings import REPORT_ENV
 from xlasim.sharding.device_layout import device_attributes
 from xlasim.sharding.op_sharding import OpSharding, ProtoType
 
@@ -93,7 +93,7 @@ with _libtpu_load_env(LOG_DIR):
     from jax._src.sharding_impls import GSPMDSharding
     from jax.experimental import topologies
 
-from xlasim.runtime import aten_to_jax  # noqa: E402 - imports jax, after its environment
+from xlasim.runtime.compiler import aten_to_jax  # noqa: E402 - imports jax, after its environment
 
 # Compiling only: jax itself computes nothing here and must not look for accelerators.
 jax.config.update("jax_platforms", "cpu")

@@ -21,13 +21,13 @@ from tpu_backend.topology import (
 )
 from xlasim._activation import SINGLE_PROCESS_ENV
 from xlasim.arguments import OneLineErrorParser, fail, reject_dash_topologies
-from xlasim.host_launcher import HOSTS_ADDR_ENV, loopback_address, run_hosts
-from xlasim.runtime.knobs import check_runtime_knobs
-from xlasim.runtime.run_options import (
+from xlasim.cli.launcher import HOSTS_ADDR_ENV, loopback_address, run_hosts
+from xlasim.runtime.settings import (
     COMPILER_ENV,
     COMPILERS,
     DRY_RUN_ENV,
     REPORT_ENV,
+    check_runtime_knobs,
     resolve_compiler,
 )
 
@@ -147,7 +147,7 @@ def _cmd_describe(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from xlasim.slice_table import MAX_GRID_CHIPS, chip_grids, slice_table
+    from xlasim.cli.describe import MAX_GRID_CHIPS, chip_grids, slice_table
 
     if args.list_generation is not None:
         if args.topology is not None or args.accelerator is not None:
@@ -208,14 +208,14 @@ def _list_generation(generation: str, console: Any) -> int:
 
 def _cmd_demo(args: argparse.Namespace, rest: Sequence[str]) -> int:
     # Deferred: the demo needs Ray (the optional `ray` extra).
-    from xlasim import demo
+    from xlasim.cli import demo
 
     return int(demo.main(list(rest)) or 0)
 
 
 def _cmd_ray_node(rest: Sequence[str]) -> int:
     # Deferred: Ray nodes need Ray (the optional `ray` extra).
-    from xlasim import ray_node
+    from xlasim.ray import node as ray_node
 
     return ray_node.main(list(rest))
 

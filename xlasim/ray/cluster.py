@@ -62,7 +62,7 @@ SIMULATION_RUNTIME_ENV: dict[str, Any] = {
         "XLASIM_HOST_INDEX": "${XLASIM_NODE_HOST_INDEX}",
         "XLASIM_HOSTS_ADDR": "${XLASIM_NODE_HOSTS_ADDR}",
     },
-    "worker_process_setup_hook": "xlasim.ray_cluster.job_worker_setup",
+    "worker_process_setup_hook": "xlasim.ray.cluster.job_worker_setup",
 }
 """Job runtime_env that activates the simulator in every worker process of the job.
 
@@ -438,7 +438,7 @@ def tpu_ray_cluster_fixture(request: Any) -> Iterator[SimulatedTPUCluster]:
 
         @pytest.fixture
         def tpu_ray_cluster(request):
-            from xlasim.ray_cluster import tpu_ray_cluster_fixture
+            from xlasim.ray.cluster import tpu_ray_cluster_fixture
             yield from tpu_ray_cluster_fixture(request)
     """
     kwargs: dict[str, Any] = {}

@@ -1,7 +1,7 @@
 """``xlasim demo``: train a small model with ``tpu_backend.TorchTrainer`` on a simulated slice.
 
 Starts a local Ray cluster whose nodes look like the slice's TPU hosts
-(:mod:`xlasim.ray_cluster`), runs an SPMD training loop on every host (one Ray Train worker
+(:mod:`xlasim.ray.cluster`), runs an SPMD training loop on every host (one Ray Train worker
 per host, placed by Ray's own ``SlicePlacementGroup``), and prints the slice, the mesh the
 backend built, the per-step loss every host saw, and the compile counts.
 
@@ -33,7 +33,8 @@ from xlasim.arguments import (
     positive_int,
     reject_dash_topologies,
 )
-from xlasim.ray_cluster import (
+from xlasim.cli.describe import slice_table
+from xlasim.ray.cluster import (
     ClusterStartError,
     error_chain_text,
     fit_with_deadline,
@@ -41,7 +42,6 @@ from xlasim.ray_cluster import (
     simulated_tpu_cluster,
 )
 from xlasim.runtime.device import ensure_device_guard
-from xlasim.slice_table import slice_table
 
 __all__ = ["train_loop", "run", "main", "read_progress", "read_records"]
 
@@ -186,7 +186,7 @@ def run(
     """Train :func:`train_loop` on a connected (simulated) TPU Ray cluster.
 
     Returns the Ray ``Result`` and the per-host records.  The caller owns the cluster
-    (see :func:`xlasim.ray_cluster.simulated_tpu_cluster`).  ``watch`` is called with the
+    (see :func:`xlasim.ray.cluster.simulated_tpu_cluster`).  ``watch`` is called with the
     records directory while the run goes on (:func:`read_progress` reads it).
     """
     # Deferred: Ray is optional (the `ray` extra); the module imports without it.
