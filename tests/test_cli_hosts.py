@@ -266,6 +266,35 @@ def test_a_host_left_alone_stops_within_the_named_bound():
     assert "within XLASIM_HOSTS_TIMEOUT_S=3 s" in out.stderr
 
 
+def test_a_host_waiting_for_host_0_says_whom_where_and_its_bound():
+    """Host 1 started by hand (``--host-index 1``) at an address where no host 0 ever comes:
+    within 10 s it says what it waits for, then gives up at the bound."""
+    address = host_launcher.loopback_address()
+    code = LONE.replace("xr.process_index() == 0", "xr.process_index() == 1")
+    out = _xlasim_run(
+        "--topology", "2x2x2", "--accelerator", "v4", "--host-index", "1",
+        "--", sys.executable, "-c", code,
+        XLASIM_HOSTS_ADDR=address, XLASIM_HOSTS_TIMEOUT_S="13",
+    )  # fmt: skip
+    assert out.returncode == 1
+    notices = [line for line in out.stderr.splitlines() if "has waited" in line]
+    assert notices == [
+        f"xlasim: host 1 of a 2-host v4-16 slice has waited 10 s for host 0 at "
+        f"XLASIM_HOSTS_ADDR={address!r}; it gives up after XLASIM_HOSTS_TIMEOUT_S=13 s"
+    ], out.stderr[-3000:]
+    assert "within XLASIM_HOSTS_TIMEOUT_S=13 s" in out.stderr
+
+
+def test_hosts_on_one_machine_meet_within_a_minute_unless_told_otherwise():
+    code = "import os; print(os.environ['XLASIM_HOSTS_TIMEOUT_S'])"
+    argv = ("--topology", "2x2x2", "--accelerator", "v4", "--all-output", "--", sys.executable)
+    out = _xlasim_run(*argv, "-c", code)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert sorted(out.stdout.splitlines()) == ["[host 0] 60", "[host 1] 60"]
+    out = _xlasim_run(*argv, "-c", code, XLASIM_HOSTS_TIMEOUT_S="900")
+    assert sorted(out.stdout.splitlines()) == ["[host 0] 900", "[host 1] 900"]
+
+
 def test_a_bad_hosts_timeout_is_named():
     out = _run_lone("soon")
     # Refused by the launcher itself, before any host process starts: one line, status 2.

@@ -21,11 +21,17 @@ from tpu_backend.topology import (
 )
 from xlasim._activation import SINGLE_PROCESS_ENV
 from xlasim.arguments import OneLineErrorParser, fail, reject_dash_topologies
-from xlasim.cli.launcher import HOSTS_ADDR_ENV, loopback_address, run_hosts
+from xlasim.cli.launcher import (
+    HOSTS_ADDR_ENV,
+    LOCAL_HOSTS_TIMEOUT_S,
+    loopback_address,
+    run_hosts,
+)
 from xlasim.runtime.settings import (
     COMPILER_ENV,
     COMPILERS,
     DRY_RUN_ENV,
+    HOSTS_TIMEOUT_ENV,
     REPORT_ENV,
     check_runtime_knobs,
     resolve_compiler,
@@ -107,6 +113,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         addr = os.environ.get(HOSTS_ADDR_ENV) or loopback_address()
         for env in envs:
             env[HOSTS_ADDR_ENV] = addr
+            # Hosts started together on one machine meet within seconds: a host that does not
+            # come within a minute has failed to start, and the others say so then.
+            env.setdefault(HOSTS_TIMEOUT_ENV, f"{LOCAL_HOSTS_TIMEOUT_S:g}")
     if not _pth_installed():
         fail(
             "xlasim run",

@@ -24,6 +24,9 @@ from dataclasses import dataclass, field
 # Where host 0's store listens; the same name `xlasim.runtime.hosts` reads (kept apart so the
 # launcher starts without importing torch).
 HOSTS_ADDR_ENV = "XLASIM_HOSTS_ADDR"
+# The bound on the hosts meeting when they all run on this machine (XLASIM_HOSTS_TIMEOUT_S,
+# unless the user set it; hosts on separate machines keep the runtime's 300 s).
+LOCAL_HOSTS_TIMEOUT_S = 60.0
 # After the first failure, how long the other hosts get to exit on SIGTERM before SIGKILL.
 STOP_GRACE_S = 10.0
 # How many of a silent host's last lines are kept to show when it fails.

@@ -19,6 +19,8 @@ import contextlib
 import datetime
 import os
 import sys
+import threading
+import time
 from collections.abc import Iterator
 
 import torch
@@ -32,6 +34,9 @@ from xlasim.runtime.state import HostLink, SimRuntime
 ADDR_ENV = "XLASIM_HOSTS_ADDR"
 TIMEOUT_ENV = HOSTS_TIMEOUT_ENV
 _DEFAULT_TIMEOUT_S = 300.0
+# A host waiting for the others says so after FIRST_NOTICE_S, then every NOTICE_EVERY_S.
+FIRST_NOTICE_S = 10.0
+NOTICE_EVERY_S = 30.0
 
 
 def _parse_addr(text: str) -> tuple[str, int]:
@@ -65,6 +70,39 @@ def stdout_discarded() -> Iterator[None]:
         os.close(saved)
 
 
+@contextlib.contextmanager
+def _waiting_said(rt: SimRuntime, addr: str, timeout_s: float) -> Iterator[None]:
+    """While the hosts meet: a host whose peers do not come says, on stderr, whom it waits for,
+    where, and what bounds the wait -- a silent five-minute wait looks like a hang."""
+    num_hosts = rt.client.num_processes
+    if rt.host_index == 0:
+        whom = f"hosts 1..{num_hosts - 1} to connect to it at {ADDR_ENV}={addr!r}"
+    else:
+        whom = f"host 0 at {ADDR_ENV}={addr!r}"
+    met = threading.Event()
+    start = time.monotonic()
+
+    def say() -> None:
+        wait = FIRST_NOTICE_S
+        while not met.wait(wait):
+            print(
+                f"xlasim: host {rt.host_index} of a {num_hosts}-host {rt.spec.pod_type} slice "
+                f"has waited {time.monotonic() - start:.0f} s for {whom}; it gives up after "
+                f"{TIMEOUT_ENV}={timeout_s:g} s",
+                file=sys.stderr,
+                flush=True,
+            )
+            wait = NOTICE_EVERY_S
+
+    notice = threading.Thread(target=say, name="xlasim-hosts-wait", daemon=True)
+    notice.start()
+    try:
+        yield
+    finally:
+        met.set()
+        notice.join()
+
+
 def host_link(rt: SimRuntime) -> HostLink | None:
     """The gloo group of this slice's host processes (None on a single-host slice)."""
     num_hosts = rt.client.num_processes
@@ -83,13 +121,14 @@ def host_link(rt: SimRuntime) -> HostLink | None:
     timeout_s = hosts_timeout_s()
     timeout = datetime.timedelta(seconds=timeout_s)
     try:
-        store = listeners.store(
-            host, port, num_hosts, is_master=rt.host_index == 0, timeout=timeout
-        )
-        with stdout_discarded():
-            group = listeners.gloo_group(
-                dist.PrefixStore("xlasim_hosts", store), rt.host_index, num_hosts, timeout, host
+        with _waiting_said(rt, addr, timeout_s):
+            store = listeners.store(
+                host, port, num_hosts, is_master=rt.host_index == 0, timeout=timeout
             )
+            with stdout_discarded():
+                group = listeners.gloo_group(
+                    dist.PrefixStore("xlasim_hosts", store), rt.host_index, num_hosts, timeout, host
+                )
     except dist.DistError as exc:
         raise TimeoutError(
             f"xlasim: host {rt.host_index} of a {num_hosts}-host slice could not meet the other "
