@@ -25,7 +25,7 @@ import torch
 from torch.autograd.variable import Variable
 from torch.utils._mode_utils import no_dispatch
 
-from xlasim.runtime import autocast
+from xlasim.runtime import autocast, privateuse1
 
 # Besides the guard, one op: resizing a wrapper tensor's own metadata, which out= ops and
 # in-place view ops (arange(out=), t_()) change on the wrapped CPU tensor.
@@ -197,7 +197,8 @@ TORCH_LIBRARY_IMPL(xlasim, CPU, m) {
 
 def _source() -> str:
     # The autocast kernels depend on the installed torch's ops, so the source is made per process.
-    return _GUARD_SOURCE + _PARTS_SOURCE + autocast.cpp_source()
+    # The simulated TorchTPU device rides in the same extension: one build, one load.
+    return _GUARD_SOURCE + _PARTS_SOURCE + privateuse1.SOURCE + autocast.cpp_source()
 
 
 # In the engine's error for a device index no queue (and no device thread) serves; a process

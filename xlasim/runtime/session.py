@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import torch
 
 from tpu_backend.topology import SliceSpec
-from xlasim.runtime import autocast, graph, state
+from xlasim.runtime import autocast, graph, state, tpu_device
 from xlasim.runtime.client import Client, cpu_client, tpu_client
 from xlasim.runtime.device import check_autograd_engine, ensure_device_guard, release_graph_tasks
 from xlasim.runtime.dry_run import ShapeOnlyFactories
@@ -43,6 +43,8 @@ def attach_device(spec: SliceSpec) -> None:
 def detach_device() -> None:
     FACTORY_KERNELS.unregister()
     autocast.uninstall()
+    # TorchTPU's device (attached when a simulated torch_tpu loads) has no devices outside.
+    tpu_device.detach()
 
 
 @contextlib.contextmanager
