@@ -31,6 +31,7 @@ SOURCE = r"""
 #include <ATen/native/Resize.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/alloc_cpu.h>
+#include <c10/util/SmallVector.h>
 #include <torch/library.h>
 #include <atomic>
 #include <cstring>
@@ -195,10 +196,13 @@ at::Tensor over(c10::Storage storage, const at::Tensor& like, const at::Tensor& 
 // to fresh CPU memory, which the fallback then hands back to t.
 at::Tensor cpu_view(const at::Tensor& t) {
   const c10::Storage& s = t.storage();
-  c10::Storage* keep = new c10::Storage(s);
-  void* data = s.unsafeGetStorageImpl()->mutable_data();
-  c10::DataPtr ptr(data, keep, [](void* k) { delete static_cast<c10::Storage*>(k); },
-                   c10::Device(c10::kCPU));
+  c10::StorageImpl* keep = s.unsafeGetStorageImpl();  // held by the view's bytes
+  c10::raw::intrusive_ptr::incref(keep);
+  void* data = keep->mutable_data();
+  c10::DataPtr ptr(
+      data, keep,
+      [](void* k) { c10::raw::intrusive_ptr::decref(static_cast<c10::StorageImpl*>(k)); },
+      c10::Device(c10::kCPU));
   c10::Storage cpu(c10::Storage::use_byte_size_t(), s.nbytes(), std::move(ptr),
                    c10::GetCPUAllocator(), /*resizable=*/true);
   at::Tensor v = at::detail::make_tensor<c10::TensorImpl>(
@@ -314,7 +318,7 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   const auto& arguments = schema.arguments();
   const size_t first = stack->size() - arguments.size();
-  std::vector<Arg> args;
+  c10::SmallVector<Arg, 4> args;
   std::optional<c10::DeviceIndex> index;
   Borrowed borrowed;
 
