@@ -9,6 +9,9 @@ Expected facts come from TorchTPU 0.2.0's own Python sources (the ``torch-tpu==0
 from __future__ import annotations
 
 import importlib.metadata
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -251,3 +254,21 @@ def test_outside_a_simulation_there_is_no_tpu() -> None:
     with pytest.raises(RuntimeError, match="no simulated TPU is attached"):
         torch.empty(1, device="tpu")
     del t
+
+
+def test_environment_activation_loads_torch_tpu_in_a_fresh_process() -> None:
+    # XLASIM_TOPOLOGY makes a process start simulated; its first `import torch_tpu` activates
+    # the simulation, as `import torch_xla` does. A backward pass on the tpu device, then a
+    # clean exit (autograd's device threads are drained first).
+    program = (
+        "import torch, torch_tpu\n"
+        "x = torch.ones(3, device='tpu', requires_grad=True)\n"
+        "(x * 2).sum().backward()\n"
+        "print(torch.tpu.get_device_name(), x.grad.device, x.grad.sum().item())\n"
+    )
+    env = {**os.environ, "XLASIM_TOPOLOGY": "2x2", "XLASIM_ACCELERATOR": "v5litepod"}
+    done = subprocess.run(
+        [sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "TPU v5e tpu:0 6.0"

@@ -27,7 +27,7 @@ from torch_tpu._internal import public_api
 from torch_tpu._internal.device import _device_module
 from torch_tpu._internal.utils import hardware
 
-from xlasim.runtime import state, tpu_device
+from xlasim.runtime import session, state, tpu_device
 
 _AUTOLOAD_ENV_VAR: Final[str] = "TORCH_DEVICE_BACKEND_AUTOLOAD"
 
@@ -99,7 +99,7 @@ def _tpu_get_precision() -> str:
 
 def _init_device_impl(device: str) -> torch.device:
     assert device == "tpu"  # the only device TorchTPU knows
-    tpu_device.attach()
+    session.attach_tpu(state.current())
     with contextlib.suppress(NotImplementedError):
         get_interface_for_device(device)  # torch's own entry first, so ours replaces it
     register_interface_for_device(device, TpuDeviceInterface)
