@@ -69,6 +69,71 @@ def test_elementwise_reductions_and_views_compute_as_on_cpu(tpu: Any) -> None:
     assert x.to("tpu").sum().item() == x.sum().item()
 
 
+F = torch.nn.functional
+
+# Ops that reach the native fallback (or torch's generic kernels for a device) in different
+# ways: indexing, data-dependent shapes, lists of results, factories, in-place metadata changes,
+# out= tensors, dtype conversions. Each computes on tpu as on the CPU.
+OPS: dict[str, Any] = {
+    "index_select": lambda x, i, img: x.index_select(1, i),
+    "gather": lambda x, i, img: x.gather(1, i.expand(4, 3)),
+    "scatter_add_": lambda x, i, img: torch.zeros_like(x).scatter_add_(1, i.expand(4, 3), x),
+    "index_put_": lambda x, i, img: x.clone().index_put_((i,), torch.tensor(1.0, device=x.device)),
+    "boolean mask": lambda x, i, img: x[x > 0],
+    "nonzero": lambda x, i, img: torch.nonzero(x > 0),
+    "unique": lambda x, i, img: torch.unique(i, return_counts=True)[1],
+    "sort": lambda x, i, img: x.sort(1).values,
+    "topk": lambda x, i, img: x.topk(2).indices,
+    "embedding": lambda x, i, img: F.embedding(i, x),
+    "layer_norm": lambda x, i, img: F.layer_norm(x, (6,)),
+    "max_pool2d": lambda x, i, img: F.max_pool2d(img, 2),
+    "adaptive_avg_pool2d": lambda x, i, img: F.adaptive_avg_pool2d(img, 1),
+    "cross_entropy": lambda x, i, img: F.cross_entropy(x[:3], i),
+    "interpolate": lambda x, i, img: F.interpolate(img, scale_factor=2),
+    "batch_norm": lambda x, i, img: F.batch_norm(img, None, None, training=True),
+    "bfloat16": lambda x, i, img: (x.bfloat16() * 3).float(),
+    "float64": lambda x, i, img: x.double().exp(),
+    "int32": lambda x, i, img: (x * 10).int() // 3,
+    "arange": lambda x, i, img: torch.arange(5, device=x.device),
+    "full": lambda x, i, img: torch.full((2, 2), 3.0, device=x.device),
+    "tensor(device=)": lambda x, i, img: torch.tensor([1.0, 2.0], device=x.device),
+    "chunk": lambda x, i, img: torch.stack(x.chunk(2, 1)),
+    "split": lambda x, i, img: x.split([2, 4], 1)[1],
+    "masked_fill": lambda x, i, img: x.masked_fill(x < 0, 0),
+    "clamp_": lambda x, i, img: x.clone().clamp_(min=0),
+    "t_": lambda x, i, img: x.clone().t_(),
+    "squeeze_": lambda x, i, img: x[:1].clone().squeeze_(0),
+    "resize_": lambda x, i, img: x.clone().resize_(2, 3),
+    "set_": lambda x, i, img: torch.empty(0, device=x.device).set_(x.clone()),
+    "expand": lambda x, i, img: x[:1].expand(3, 6).contiguous(),
+    "cumprod": lambda x, i, img: x.cumprod(1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPS))
+def test_op_computes_as_on_cpu(tpu: Any, name: str) -> None:
+    torch.manual_seed(0)
+    x, i, img = torch.randn(4, 6), torch.tensor([2, 0, 1]), torch.randn(2, 3, 8, 8)
+    expected = OPS[name](x, i, img)
+    got = OPS[name](x.to("tpu"), i.to("tpu"), img.to("tpu"))
+    assert got.device.type == "tpu"
+    assert got.dtype == expected.dtype
+    # Equal up to float32 rounding: where torch has no device kernel but a generic one made of
+    # other ops (layer_norm), its sums are ordered differently from the CPU kernel's.
+    torch.testing.assert_close(got.cpu(), expected, rtol=1e-6, atol=1e-6)
+
+
+def test_conjugate_and_negative_views_copy_as_on_cpu(tpu: Any) -> None:
+    z = torch.randn(3, dtype=torch.complex64)
+    on_tpu = z.to("tpu")
+    assert on_tpu.conj().is_conj()
+    assert torch.equal(on_tpu.conj().cpu(), z.conj())
+    assert torch.equal(on_tpu.conj().clone().cpu(), z.conj().clone())
+    assert torch.equal((on_tpu.conj() * 2).cpu(), z.conj() * 2)
+    assert torch.equal(on_tpu.conj().imag.cpu(), z.conj().imag)  # the negative bit
+    assert torch.equal(on_tpu.conj().imag.to("tpu").cpu(), z.conj().imag)
+
+
 def test_views_and_in_place_ops_share_memory(tpu: Any) -> None:
     t = torch.zeros(3, 4, device="tpu")
     row = t[1]

@@ -15,6 +15,7 @@ out-of-tree device:
   one takes over the CPU kernel's memory without a copy);
 - a default random generator per device, separate from the CPU's, which random ops on tpu
   tensors draw from (the CPU kernel is handed the same generator object for the call);
+- copies of tensors with the conjugate or negative bit handled by the tpu copy itself;
 - the PrivateUse1 hooks (generators, device of a pointer), registered only when a TorchTPU
   simulation first starts, since they make PrivateUse1 the process's accelerator.
 
@@ -28,6 +29,7 @@ SOURCE = r"""
 #include <ATen/EmptyTensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <ATen/native/MathBitsFallback.h>
 #include <ATen/native/Resize.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/alloc_cpu.h>
@@ -424,6 +426,38 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
 }
 
+// Copies of tensors with the conjugate or negative bit. PyTorch resolves a bit by cloning,
+// which copies, which for a device other than the CPU reaches _copy_from with the bit still
+// set: without this, endless recursion. A tpu copy sees the bits itself (its CPU views keep
+// them, and the CPU's copy_ resolves them); any other device gets PyTorch's own handling.
+struct ConjugateBit final : at::native::MathOpFallback {
+  ConjugateBit() : MathOpFallback(c10::DispatchKey::Conjugate, "conjugate") {}
+  bool is_bit_set(const at::Tensor& t) override { return t.is_conj(); }
+};
+
+struct NegativeBit final : at::native::MathOpFallback {
+  NegativeBit() : MathOpFallback(c10::DispatchKey::Negative, "negation") {}
+  bool is_bit_set(const at::Tensor& t) override { return t.is_neg(); }
+};
+
+template <c10::DispatchKey K>
+void copy_with_bit(const c10::OperatorHandle& op, c10::DispatchKeySet keys,
+                   torch::jit::Stack* stack) {
+  const size_t n = op.schema().arguments().size();
+  for (size_t i = stack->size() - n; i < stack->size(); ++i) {
+    const c10::IValue& iv = (*stack)[i];
+    if (iv.isTensor() && iv.toTensor().defined() && iv.toTensor().device().type() == kTpu) {
+      op.redispatchBoxed(keys & c10::DispatchKeySet(c10::DispatchKeySet::FULL_AFTER, K), stack);
+      return;
+    }
+  }
+  if constexpr (K == c10::DispatchKey::Conjugate) {
+    ConjugateBit().fallback_impl(op, keys, stack);
+  } else {
+    NegativeBit().fallback_impl(op, keys, stack);
+  }
+}
+
 at::Tensor cpu_view_op(const at::Tensor& t) {
   TORCH_CHECK(t.device().type() == kTpu, "xlasim: expected a tpu tensor, got ", t.device());
   return cpu_view(t);
@@ -461,6 +495,20 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from", &xlasim_tpu::copy_from);
   m.impl("_copy_from_and_resize", &xlasim_tpu::copy_from_and_resize);
   m.impl("resize_", &xlasim_tpu::resize_);
+}
+
+TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFromBoxedFunction<
+                           &xlasim_tpu::copy_with_bit<c10::DispatchKey::Conjugate>>());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFromBoxedFunction<
+                                      &xlasim_tpu::copy_with_bit<c10::DispatchKey::Conjugate>>());
+}
+
+TORCH_LIBRARY_IMPL(aten, Negative, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFromBoxedFunction<
+                           &xlasim_tpu::copy_with_bit<c10::DispatchKey::Negative>>());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFromBoxedFunction<
+                                      &xlasim_tpu::copy_with_bit<c10::DispatchKey::Negative>>());
 }
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
