@@ -251,6 +251,21 @@ def test_device_name_and_memory_follow_the_generation(
     assert {"v6e": 32, "v5litepod": 16, "v4": 32}[accelerator] * GiB == props.total_memory
 
 
+def test_memory_statistics_and_the_chips_hbm(tpu: Any) -> None:
+    # PyTorch's device-allocator queries; the total is the simulated chip's HBM.
+    torch.accelerator.reset_peak_memory_stats()
+    before = torch.accelerator.memory_allocated()
+    t = torch.empty(1024, 1024, device="tpu")  # 4 MiB
+    u = (t[:512] * 2).contiguous()  # a fresh result taken over from the CPU kernel: 2 MiB
+    assert torch.accelerator.memory_allocated() - before == 6 * 2**20
+    free, total = torch.accelerator.get_memory_info()
+    assert total == tpu.spec.hbm_bytes_per_chip == 32 * GiB
+    assert free == total - torch.accelerator.memory_reserved()
+    del t, u
+    assert torch.accelerator.memory_allocated() == before
+    assert torch.accelerator.max_memory_allocated() >= before + 6 * 2**20
+
+
 def test_rng_is_per_device_and_seedable(tpu: Any) -> None:
     torch.tpu.manual_seed(3)
     first = torch.randn(5, device="tpu").cpu()

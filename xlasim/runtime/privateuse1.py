@@ -6,7 +6,9 @@ aliases the very same bytes (a "CPU view"): no copies in or out, in-place ops an
 working, and eager speed stays close to plain CPU. The pieces, each what PyTorch needs from an
 out-of-tree device:
 
-- an allocator over host memory that counts the bytes live per device (memory statistics);
+- an allocator over host memory that keeps PyTorch's device-allocator statistics
+  (``torch.accelerator.memory_allocated()`` ...) and reports the simulated chip's HBM as the
+  device's total memory;
 - a device guard: one device per process (TorchTPU binds one chip to a process), its count set
   when a simulation starts and zero outside one, so a device index that does not exist fails;
 - ``empty``/``empty_strided``/``_copy_from``/``_copy_from_and_resize``/``resize_`` kernels;
@@ -31,10 +33,12 @@ SOURCE = r"""
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <ATen/native/MathBitsFallback.h>
 #include <ATen/native/Resize.h>
+#include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/core/impl/alloc_cpu.h>
 #include <c10/util/SmallVector.h>
 #include <torch/library.h>
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <mutex>
@@ -45,8 +49,10 @@ constexpr c10::DeviceType kTpu = c10::DeviceType::PrivateUse1;
 // Devices of this process: 1 inside a TorchTPU simulation, 0 outside one.
 std::atomic<int> g_devices{0};
 thread_local c10::DeviceIndex g_current = 0;
-std::atomic<int64_t> g_live{0};
-std::atomic<int64_t> g_peak{0};
+// HBM one device addresses (the simulated chip's), for torch.accelerator's memory queries.
+std::atomic<int64_t> g_hbm{0};
+std::mutex g_stats_lock;
+c10::CachingDeviceAllocator::DeviceStats g_stats;
 
 void check_index(c10::DeviceIndex index) {
   TORCH_CHECK(index >= 0 && index < g_devices.load(),
@@ -65,21 +71,30 @@ struct Block {
   int64_t bytes;
 };
 
+// What PyTorch's device allocators report, with nothing cached: every live block is both
+// allocated and reserved, one segment each.
 void count(int64_t bytes) {
-  int64_t now = g_live.fetch_add(bytes) + bytes;
-  int64_t peak = g_peak.load();
-  while (now > peak && !g_peak.compare_exchange_weak(peak, now)) {
+  constexpr size_t all = 0;  // StatType::AGGREGATE
+  std::lock_guard<std::mutex> hold(g_stats_lock);
+  for (auto* stat : {&g_stats.allocated_bytes[all], &g_stats.reserved_bytes[all],
+                     &g_stats.active_bytes[all], &g_stats.requested_bytes[all]}) {
+    if (bytes >= 0) stat->increase(bytes);
+    else stat->decrease(-bytes);
+  }
+  for (auto* stat : {&g_stats.allocation[all], &g_stats.segment[all], &g_stats.active[all]}) {
+    if (bytes >= 0) stat->increase(1);
+    else stat->decrease(1);
   }
 }
 
 void release(void* ctx) {
   Block* b = static_cast<Block*>(ctx);
-  g_live.fetch_sub(b->bytes);
+  count(-b->bytes);
   if (!b->owned) c10::free_cpu(b->data);
   delete b;
 }
 
-struct Allocator final : c10::Allocator {
+struct Allocator final : c10::DeviceAllocator {
   c10::DataPtr allocate(size_t n) override {
     void* data = n ? c10::alloc_cpu(n) : nullptr;
     count(static_cast<int64_t>(n));
@@ -89,6 +104,36 @@ struct Allocator final : c10::Allocator {
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
   void copy_data(void* dest, const void* src, std::size_t n) const override {
     std::memcpy(dest, src, n);
+  }
+  bool initialized() override { return true; }
+  void emptyCache(c10::MempoolId_t) override {}  // nothing cached
+  void recordStream(const c10::DataPtr&, c10::Stream) override {}
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex) override {
+    std::lock_guard<std::mutex> hold(g_stats_lock);
+    return g_stats;
+  }
+  void resetAccumulatedStats(c10::DeviceIndex) override {
+    std::lock_guard<std::mutex> hold(g_stats_lock);
+    for (auto* a : {&g_stats.allocated_bytes, &g_stats.reserved_bytes, &g_stats.active_bytes,
+                    &g_stats.requested_bytes, &g_stats.allocation, &g_stats.segment,
+                    &g_stats.active}) {
+      for (auto& stat : *a) stat.reset_accumulated();
+    }
+  }
+  void resetPeakStats(c10::DeviceIndex) override {
+    std::lock_guard<std::mutex> hold(g_stats_lock);
+    for (auto* a : {&g_stats.allocated_bytes, &g_stats.reserved_bytes, &g_stats.active_bytes,
+                    &g_stats.requested_bytes, &g_stats.allocation, &g_stats.segment,
+                    &g_stats.active}) {
+      for (auto& stat : *a) stat.reset_peak();
+    }
+  }
+  // (free, total) HBM of the device, as torch.accelerator.get_memory_info() reports it.
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex) override {
+    int64_t total = g_hbm.load();
+    std::lock_guard<std::mutex> hold(g_stats_lock);
+    int64_t used = g_stats.reserved_bytes[0].current;
+    return {static_cast<size_t>(std::max<int64_t>(total - used, 0)), static_cast<size_t>(total)};
   }
 };
 Allocator g_allocator;
@@ -176,10 +221,38 @@ struct Hooks final : at::PrivateUse1HooksInterface {
   }
 };
 
-void activate(int64_t devices) {
+void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+// For a device without kernels of its own, torch computes a structured op (add, mul, ...) by
+// allocating the result and calling the op's out= form: two trips through the dispatcher and
+// the fallback. Sending those ops to the fallback directly runs the CPU's functional kernel,
+// whose fresh result the fallback takes over without a copy. Done once every aten op is known,
+// and not for ops the tpu device already has a kernel for (the matmul-class ones).
+void take_structured_ops() {
+  static torch::Library* lib = new torch::Library(
+      torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  auto& dispatcher = c10::Dispatcher::singleton();
+  for (const c10::OperatorName& name : dispatcher.getAllOpNames()) {
+    if (name.name.rfind("aten::", 0) != 0) continue;
+    auto op = dispatcher.findOp(name);
+    if (!op || op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
+        !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional)) {
+      continue;
+    }
+    std::string impl = name.name.substr(6);
+    if (!name.overload_name.empty()) impl += "." + name.overload_name;
+    lib->impl(impl.c_str(), torch::CppFunction::makeFromBoxedFunction<&fallback>());
+  }
+}
+
+void activate(int64_t devices, int64_t hbm_bytes) {
   static std::once_flag hooks;
-  std::call_once(hooks, [] { at::RegisterPrivateUse1HooksInterface(new Hooks()); });
+  std::call_once(hooks, [] {
+    at::RegisterPrivateUse1HooksInterface(new Hooks());
+    take_structured_ops();
+  });
   g_devices.store(static_cast<int>(devices));
+  g_hbm.store(hbm_bytes);
 }
 
 // A tpu tensor over `storage` with t's layout.
@@ -468,10 +541,6 @@ at::Tensor from_cpu_op(const at::Tensor& cpu, int64_t index) {
   return adopt(cpu, static_cast<c10::DeviceIndex>(index));
 }
 
-std::vector<int64_t> memory_op() { return {g_live.load(), g_peak.load()}; }
-
-void reset_peak_op() { g_peak.store(g_live.load()); }
-
 at::Generator generator_op(int64_t index) {
   return default_generator(static_cast<c10::DeviceIndex>(index));
 }
@@ -481,11 +550,9 @@ C10_REGISTER_GUARD_IMPL(PrivateUse1, xlasim_tpu::Guard);
 REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &xlasim_tpu::g_allocator);
 
 TORCH_LIBRARY_FRAGMENT(xlasim, m) {
-  m.def("tpu_activate(int devices) -> ()", &xlasim_tpu::activate);
+  m.def("tpu_activate(int devices, int hbm_bytes) -> ()", &xlasim_tpu::activate);
   m.def("tpu_cpu_view(Tensor t) -> Tensor", &xlasim_tpu::cpu_view_op);
   m.def("tpu_from_cpu(Tensor cpu, int index) -> Tensor", &xlasim_tpu::from_cpu_op);
-  m.def("tpu_memory() -> int[]", &xlasim_tpu::memory_op);
-  m.def("tpu_reset_peak() -> ()", &xlasim_tpu::reset_peak_op);
   m.def("tpu_generator(int index) -> Generator?", &xlasim_tpu::generator_op);
 }
 

@@ -45,7 +45,8 @@ def attach_tpu(runtime: state.SimRuntime) -> None:
     shares autograd's device threads with the ``xla`` device (the engine keeps one per device
     index), so the same one-time check and exit-time drain cover it."""
     global _tpu_attached
-    tpu_device.attach()
+    spec = runtime.spec
+    tpu_device.attach(spec.hbm_bytes_per_chip // spec.devices_per_chip)
     _tpu_attached = True
     _check_autograd_at_start(runtime)
 

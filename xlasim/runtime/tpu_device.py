@@ -36,8 +36,9 @@ PRECISION_OF_TORCH = {"medium": "default", "high": "high", "highest": "highest"}
 TORCH_OF_PRECISION = {v: k for k, v in PRECISION_OF_TORCH.items()}
 
 
-def attach() -> None:
-    """Makes the ``tpu`` device available in this process (a simulation has started)."""
+def attach(hbm_bytes: int) -> None:
+    """Makes the ``tpu`` device available in this process (a simulation has started), with
+    ``hbm_bytes`` of memory."""
     global _named
     _device.ensure_device_guard()
     with _lock:
@@ -45,13 +46,13 @@ def attach() -> None:
             _name_backend()
             _register_matmul_kernels()
             _named = True
-    torch.ops.xlasim.tpu_activate(DEVICES_PER_PROCESS)
+    torch.ops.xlasim.tpu_activate(DEVICES_PER_PROCESS, hbm_bytes)
 
 
 def detach() -> None:
     """Leaves the ``tpu`` device without devices (the simulation has ended)."""
     if _named:
-        torch.ops.xlasim.tpu_activate(0)
+        torch.ops.xlasim.tpu_activate(0, 0)
 
 
 def device_count() -> int:
@@ -91,16 +92,6 @@ def cpu_view(t: torch.Tensor) -> torch.Tensor:
 def from_cpu(t: torch.Tensor, index: int = 0) -> torch.Tensor:
     """A ``tpu`` tensor with the values of CPU tensor ``t``."""
     return torch.ops.xlasim.tpu_from_cpu.default(t, index)
-
-
-def memory() -> tuple[int, int]:
-    """Bytes held by ``tpu`` tensors in this process: (live, peak since the last reset)."""
-    live, peak = torch.ops.xlasim.tpu_memory.default()
-    return int(live), int(peak)
-
-
-def reset_peak_memory() -> None:
-    torch.ops.xlasim.tpu_reset_peak.default()
 
 
 def default_generator(index: int = 0) -> torch.Generator:
