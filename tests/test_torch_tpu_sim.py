@@ -286,9 +286,38 @@ def test_rng_is_per_device_and_seedable(tpu: Any) -> None:
     assert torch.tpu.initial_seed() == 11
 
 
+def test_streams_and_events_of_an_eager_device(tpu: Any) -> None:
+    # TorchTPU keeps one implicit stream per device; its streams carry ids, its events complete
+    # once the work pending at record() has; on the eager simulated device, at once.
+    default = torch.tpu.default_stream()
+    assert isinstance(default, torch.Stream) and default.stream_id == 0
+    assert default.device == torch.device("tpu", 0)
+    side = torch.tpu.Stream()
+    assert side.stream_id != 0 and repr(side) == "<torch.tpu.TpuStream>"
+    with torch.tpu.stream(side):
+        assert torch.tpu.current_stream().stream_id == side.stream_id
+        start = torch.tpu.Event(enable_timing=True).record()
+        torch.ones(64, 64, device="tpu").sum()
+        end = side.record_event(torch.tpu.Event(enable_timing=True))
+    assert torch.tpu.current_stream().stream_id == 0
+    end.synchronize()
+    assert end.query()
+    assert start.elapsed_time(end) >= 0.0
+    side.wait_stream(default)
+    side.synchronize()
+    torch.tpu.set_stream(side)
+    assert torch.tpu.current_stream().stream_id == side.stream_id
+    torch.tpu.set_stream(default)
+    message = "Streams and Events are not fully implemented in TorchTPU"  # TorchTPU's own
+    with pytest.raises(NotImplementedError, match=message):
+        side.query()
+    with pytest.raises(NotImplementedError, match=message):
+        end.ipc_handle()
+
+
 def test_what_is_not_simulated_says_so(tpu: Any) -> None:
-    with pytest.raises(NotImplementedError, match=r"torch\.tpu\.Stream is not simulated"):
-        torch.tpu.Stream()
+    with pytest.raises(NotImplementedError, match=r"torch\.tpu\.set_eager_mode is not simulated"):
+        torch.tpu.set_eager_mode(None)
     with pytest.raises(NotImplementedError, match=r"torch\.tpu\.eager_mode is not simulated"):
         _ = torch.tpu.eager_mode
     with pytest.raises(NotImplementedError, match=r"torch\.tpu\.ops\.splash_sdpa is not simulated"):

@@ -40,6 +40,7 @@ SOURCE = r"""
 #include <torch/library.h>
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <mutex>
 #include <vector>
@@ -163,10 +164,30 @@ struct Guard final : c10::impl::DeviceGuardImplInterface {
   c10::DeviceIndex deviceCount() const noexcept override {
     return static_cast<c10::DeviceIndex>(g_devices.load());
   }
-  // Eager on host memory: every op has finished when it returns.
+  // Eager on host memory: every op has finished when it returns, so an event completes when
+  // it is recorded (its time is the host's then), and nothing ever waits.
   bool queryStream(const c10::Stream&) const override { return true; }
   void synchronizeStream(const c10::Stream&) const override {}
   void synchronizeDevice(const c10::DeviceIndex) const override {}
+  void record(void** event, const c10::Stream&, const c10::DeviceIndex,
+              const c10::EventFlag) const override {
+    if (*event == nullptr) *event = new std::chrono::steady_clock::time_point();
+    *static_cast<std::chrono::steady_clock::time_point*>(*event) =
+        std::chrono::steady_clock::now();
+  }
+  void block(void*, const c10::Stream&) const override {}
+  bool queryEvent(void*) const override { return true; }
+  void synchronizeEvent(void*) const override {}
+  void destroyEvent(void* event, const c10::DeviceIndex) const noexcept override {
+    delete static_cast<std::chrono::steady_clock::time_point*>(event);
+  }
+  double elapsedTime(void* start, void* end, const c10::DeviceIndex) const override {
+    TORCH_CHECK(start != nullptr && end != nullptr,
+                "Both events must be recorded before calculating elapsed time.");
+    auto* a = static_cast<std::chrono::steady_clock::time_point*>(start);
+    auto* b = static_cast<std::chrono::steady_clock::time_point*>(end);
+    return std::chrono::duration<double, std::milli>(*b - *a).count();
+  }
 };
 
 // A generator per device, a CPU generator underneath: the CPU kernels draw from it (its device

@@ -35,12 +35,12 @@ def not_simulated(qualified: str) -> Callable[..., Any]:
 # torch.tpu's exports: what each is here, None where it is not simulated.
 _TPU: dict[str, Any] = {
     "EagerMode": None,
-    "Event": None,
+    "Event": _DEVICE.Event,
     "Precision": _DEVICE.Precision,
-    "Stream": None,
+    "Stream": _DEVICE.Stream,
     "current_device": _DEVICE.current_device,
-    "current_stream": None,
-    "default_stream": None,
+    "current_stream": _DEVICE.current_stream,
+    "default_stream": _DEVICE.default_stream,
     "device": _device_module._DeviceContext,
     "device_count": _DEVICE.device_count,
     "device_of": _device_module._DeviceOfContext,
@@ -57,8 +57,8 @@ _TPU: dict[str, Any] = {
     "set_device": _DEVICE.set_device,
     "set_eager_mode": None,
     "set_rng_state": _DEVICE.set_rng_state,
-    "set_stream": None,
-    "stream": None,
+    "set_stream": _DEVICE.set_stream,
+    "stream": _DEVICE.stream,
     "synchronize": _DEVICE.synchronize,
     "topology_aware_mesh": None,
 }

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 import torch_tpu._internal.precision as _precision
+from torch_tpu._internal.stream import streams
 from torch_tpu._internal.utils import hardware
 
 from xlasim.runtime import tpu_device
@@ -125,6 +126,47 @@ class TpuDeviceModule:
     @classmethod
     def synchronize(cls, device: int | None = None) -> None:
         """Nothing to wait for: the simulated device has finished every op it was given."""
+
+    @classmethod
+    def Stream(cls, device: Any = None, priority: int = 0, **kwargs: Any) -> streams.TpuStream:  # noqa: N802
+        return streams.TpuStream(device=device, priority=priority, **kwargs)
+
+    @classmethod
+    def Event(  # noqa: N802
+        cls,
+        enable_timing: bool = False,
+        blocking: bool = False,
+        interprocess: bool = False,
+        external: bool = False,
+        device: Any = None,
+    ) -> streams.TpuEvent:
+        return streams.TpuEvent(
+            enable_timing=enable_timing,
+            blocking=blocking,
+            interprocess=interprocess,
+            external=external,
+            device=device,
+        )
+
+    @classmethod
+    def stream(cls, stream: streams.TpuStream | None) -> streams.TpuStreamContext:
+        return streams.TpuStreamContext(stream)
+
+    @classmethod
+    def set_stream(cls, stream: streams.TpuStream) -> None:
+        streams.set_current_stream_id(stream.stream_id, stream.device_index)
+
+    @classmethod
+    def current_stream(cls, device: torch.device | None = None) -> streams.TpuStream:
+        device = torch.device("tpu") if device is None else device
+        index = streams.device_index(device)
+        return streams.TpuStream(device=device, stream_id=streams.current_stream_id(index))
+
+    @classmethod
+    def default_stream(cls, device: torch.device | None = None) -> streams.TpuStream:
+        return streams.TpuStream(
+            device=torch.device("tpu") if device is None else device, stream_id=0
+        )
 
     @classmethod
     def _generator(cls) -> torch.Generator:
