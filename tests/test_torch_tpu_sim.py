@@ -266,6 +266,23 @@ def test_memory_statistics_and_the_chips_hbm(tpu: Any) -> None:
     assert torch.accelerator.max_memory_allocated() >= before + 6 * 2**20
 
 
+def test_hbm_overflow_fails_like_pjrt_when_enforced(tpu: Any) -> None:
+    # A v6e chip has 32 GiB of HBM: with enforcement on (xlasim.enforce_hbm, as for the xla
+    # device), a tensor that does not fit fails before taking host memory.
+    xlasim.enforce_hbm()
+    with pytest.raises(
+        torch.OutOfMemoryError,
+        match=(
+            r"RESOURCE_EXHAUSTED: Error allocating device buffer: Attempting to allocate "
+            r"40\.00G\. That was not possible\. There are 3[12]\.\d\dG free\."
+        ),
+    ):
+        torch.empty(10 * GiB, dtype=torch.float32, device="tpu")
+    small = torch.ones(4, device="tpu")  # what fits is unaffected
+    xlasim.enforce_hbm(False)
+    assert small.sum().item() == 4
+
+
 def test_rng_is_per_device_and_seedable(tpu: Any) -> None:
     torch.tpu.manual_seed(3)
     first = torch.randn(5, device="tpu").cpu()

@@ -7,8 +7,8 @@ working, and eager speed stays close to plain CPU. The pieces, each what PyTorch
 out-of-tree device:
 
 - an allocator over host memory that keeps PyTorch's device-allocator statistics
-  (``torch.accelerator.memory_allocated()`` ...) and reports the simulated chip's HBM as the
-  device's total memory;
+  (``torch.accelerator.memory_allocated()`` ...), reports the simulated chip's HBM as the
+  device's total memory and, when the simulation enforces HBM, refuses what outgrows it;
 - a device guard: one device per process (TorchTPU binds one chip to a process), its count set
   when a simulation starts and zero outside one, so a device index that does not exist fails;
 - ``empty``/``empty_strided``/``_copy_from``/``_copy_from_and_resize``/``resize_`` kernels;
@@ -41,7 +41,9 @@ SOURCE = r"""
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <string>
 #include <mutex>
 #include <vector>
 
@@ -52,6 +54,8 @@ std::atomic<int> g_devices{0};
 thread_local c10::DeviceIndex g_current = 0;
 // HBM one device addresses (the simulated chip's), for torch.accelerator's memory queries.
 std::atomic<int64_t> g_hbm{0};
+// Refuse what outgrows it, as PJRT's allocator does (xlasim.enforce_hbm, XLASIM_ENFORCE_HBM=1).
+std::atomic<bool> g_enforce{false};
 std::mutex g_stats_lock;
 c10::CachingDeviceAllocator::DeviceStats g_stats;
 
@@ -88,6 +92,37 @@ void count(int64_t bytes) {
   }
 }
 
+// tsl's HumanReadableNumBytes, which PJRT's allocator messages print (as hbm.human_bytes).
+std::string human_bytes(int64_t n) {
+  if (n < 0) return "-" + human_bytes(-n);
+  if (n < 1024) return std::to_string(n) + "B";
+  const char* units = "KMGTPE";
+  int unit = 0;
+  while (n >= 1024 * 1024) {
+    n /= 1024;
+    ++unit;
+  }
+  char text[32];
+  std::snprintf(text, sizeof(text), units[unit] == 'K' ? "%.1f%c" : "%.2f%c", n / 1024.0,
+                units[unit]);
+  return text;
+}
+
+// Fails like PJRT's allocator when n more bytes overflow the device's HBM.
+void reserve(int64_t n) {
+  int64_t capacity = g_hbm.load();
+  if (!g_enforce.load() || capacity <= 0) return;
+  int64_t used;
+  {
+    std::lock_guard<std::mutex> hold(g_stats_lock);
+    used = g_stats.reserved_bytes[0].current;
+  }
+  TORCH_CHECK_WITH(OutOfMemoryError, used + n <= capacity,
+                   "RESOURCE_EXHAUSTED: Error allocating device buffer: Attempting to allocate ",
+                   human_bytes(n), ". That was not possible. There are ",
+                   human_bytes(std::max<int64_t>(capacity - used, 0)), " free.");
+}
+
 void release(void* ctx) {
   Block* b = static_cast<Block*>(ctx);
   count(-b->bytes);
@@ -97,6 +132,7 @@ void release(void* ctx) {
 
 struct Allocator final : c10::DeviceAllocator {
   c10::DataPtr allocate(size_t n) override {
+    reserve(static_cast<int64_t>(n));
     void* data = n ? c10::alloc_cpu(n) : nullptr;
     count(static_cast<int64_t>(n));
     return {data, new Block{c10::DataPtr(), data, static_cast<int64_t>(n)}, &release,
@@ -266,6 +302,8 @@ void take_structured_ops() {
   }
 }
 
+void enforce(bool on) { g_enforce.store(on); }
+
 void activate(int64_t devices, int64_t hbm_bytes) {
   static std::once_flag hooks;
   std::call_once(hooks, [] {
@@ -314,6 +352,7 @@ at::Tensor cpu_view(const at::Tensor& t) {
 c10::Storage take(const c10::Storage& s, c10::DeviceIndex index) {
   c10::StorageImpl* impl = s.unsafeGetStorageImpl();
   size_t n = impl->nbytes();
+  reserve(static_cast<int64_t>(n));
   c10::DataPtr old = impl->set_data_ptr(c10::DataPtr(nullptr, c10::Device(c10::kCPU)));
   void* data = old.get();
   count(static_cast<int64_t>(n));
@@ -572,6 +611,7 @@ REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &xlasim_tpu::g_allocator);
 
 TORCH_LIBRARY_FRAGMENT(xlasim, m) {
   m.def("tpu_activate(int devices, int hbm_bytes) -> ()", &xlasim_tpu::activate);
+  m.def("tpu_enforce_hbm(bool on) -> ()", &xlasim_tpu::enforce);
   m.def("tpu_cpu_view(Tensor t) -> Tensor", &xlasim_tpu::cpu_view_op);
   m.def("tpu_from_cpu(Tensor cpu, int index) -> Tensor", &xlasim_tpu::from_cpu_op);
   m.def("tpu_generator(int index) -> Generator?", &xlasim_tpu::generator_op);

@@ -46,7 +46,7 @@ def attach_tpu(runtime: state.SimRuntime) -> None:
     index), so the same one-time check and exit-time drain cover it."""
     global _tpu_attached
     spec = runtime.spec
-    tpu_device.attach(spec.hbm_bytes_per_chip // spec.devices_per_chip)
+    tpu_device.attach(spec.hbm_bytes_per_chip // spec.devices_per_chip, runtime.memory.enforcing())
     _tpu_attached = True
     _check_autograd_at_start(runtime)
 

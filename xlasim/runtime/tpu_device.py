@@ -36,9 +36,9 @@ PRECISION_OF_TORCH = {"medium": "default", "high": "high", "highest": "highest"}
 TORCH_OF_PRECISION = {v: k for k, v in PRECISION_OF_TORCH.items()}
 
 
-def attach(hbm_bytes: int) -> None:
+def attach(hbm_bytes: int, enforce: bool) -> None:
     """Makes the ``tpu`` device available in this process (a simulation has started), with
-    ``hbm_bytes`` of memory."""
+    ``hbm_bytes`` of memory, refusing what outgrows it when ``enforce``."""
     global _named
     _device.ensure_device_guard()
     with _lock:
@@ -47,6 +47,13 @@ def attach(hbm_bytes: int) -> None:
             _register_matmul_kernels()
             _named = True
     torch.ops.xlasim.tpu_activate(DEVICES_PER_PROCESS, hbm_bytes)
+    enforce_hbm(enforce)
+
+
+def enforce_hbm(enabled: bool) -> None:
+    """Whether allocations past the device's HBM fail (PJRT's RESOURCE_EXHAUSTED)."""
+    if _named:
+        torch.ops.xlasim.tpu_enforce_hbm(enabled)
 
 
 def detach() -> None:
