@@ -332,6 +332,20 @@ def test_streams_and_events_of_an_eager_device(tpu: Any) -> None:
         end.ipc_handle()
 
 
+def test_torch_compile_uses_the_tpu_backend_for_tpu_inputs(tpu: Any) -> None:
+    # TorchTPU's loader: torch.compile without a backend compiles graphs with tpu inputs with
+    # its "tpu" backend (dynamic=False); Inductor refuses tpu inputs with its message.
+    torch._dynamo.reset()
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh()).to("tpu")
+    x = torch.randn(4, 8, device="tpu")
+    compiled = torch.compile(model)
+    torch.testing.assert_close(compiled(x).cpu(), model(x).cpu())
+    assert "tpu" in torch._dynamo.list_backends()
+    with pytest.raises(Exception, match=r"torch\.compile\(\.\.\., backend='inductor'\) on TPU"):
+        torch.compile(model, backend="inductor")(x)
+    torch._dynamo.reset()
+
+
 def test_what_is_not_simulated_says_so(tpu: Any) -> None:
     with pytest.raises(NotImplementedError, match=r"torch\.tpu\.set_eager_mode is not simulated"):
         torch.tpu.set_eager_mode(None)

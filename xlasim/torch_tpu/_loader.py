@@ -3,8 +3,9 @@
 As TorchTPU's loader, it initializes only where it finds TPU chips (inside a simulation, the
 simulated host's): it names PyTorch's PrivateUse1 device ``tpu``, registers ``torch.tpu`` as
 its device module and TorchDynamo's device interface, registers the ``tpu_dist`` and ``tpu``
-process-group backends, and maps ``torch.set_float32_matmul_precision`` onto the TPU's matmul
-precision (``medium`` = DEFAULT, ``high`` = HIGH, ``highest`` = HIGHEST). ``torch.tpu`` and its
+process-group backends, maps ``torch.set_float32_matmul_precision`` onto the TPU's matmul
+precision (``medium`` = DEFAULT, ``high`` = HIGH, ``highest`` = HIGHEST), and has
+``torch.compile`` compile graphs with tpu inputs with its ``"tpu"`` backend. ``torch.tpu`` and its
 public modules are installed either way, as TorchTPU installs them on import.
 """
 
@@ -18,6 +19,7 @@ import threading
 from typing import Any, Final
 
 import torch
+import torch_tpu._internal.compile as compile_backend
 from torch._dynamo.device_interface import (
     DeviceInterface,
     get_interface_for_device,
@@ -111,6 +113,7 @@ def _init_device_impl(device: str) -> torch.device:
         _register_process_groups()
     torch.set_float32_matmul_precision = _tpu_set_precision
     torch.get_float32_matmul_precision = _tpu_get_precision
+    compile_backend.install()
     return torch.device(device)
 
 
