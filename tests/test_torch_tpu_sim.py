@@ -412,3 +412,22 @@ def test_environment_activation_loads_torch_tpu_in_a_fresh_process() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "TPU v5e tpu:0 6.0"
+
+
+def test_a_process_with_another_privateuse1_backend_is_refused() -> None:
+    # PyTorch names PrivateUse1 once per process: where another backend (the real TorchTPU
+    # included) has named it, the simulated one cannot load, and says why.
+    program = (
+        "import torch, xlasim\n"
+        "torch.utils.rename_privateuse1_backend('tpu')\n"
+        "with xlasim.simulate('2x2'):\n"
+        "    try:\n"
+        "        import torch_tpu\n"
+        "    except RuntimeError as exc:\n"
+        "        print(exc)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert "PrivateUse1 device is already named 'tpu'" in done.stdout

@@ -69,9 +69,9 @@ def device_count() -> int:
 
 
 def _name_backend() -> None:
+    # Run once per process, before anything of ours has named the device: a name already
+    # there ("tpu" included: the real TorchTPU) belongs to another backend.
     name = torch._C._get_privateuse1_backend_name()
-    if name == DEVICE_TYPE:
-        return
     if name != "privateuseone":
         raise RuntimeError(
             f"xlasim cannot simulate TorchTPU in this process: PyTorch's PrivateUse1 device "
