@@ -29,6 +29,7 @@ DEVICES_PER_PROCESS = 1
 
 _lock = threading.Lock()
 _named = False
+# The Python kernels of the tpu device (kept: a Library unregisters its kernels when freed).
 _kernels: torch.library.Library | None = None
 
 # What TorchTPU's precisions are called by the runtime (StableHLO's DEFAULT, HIGH, HIGHEST).
@@ -44,7 +45,9 @@ def attach(hbm_bytes: int, enforce: bool) -> None:
     with _lock:
         if not _named:
             _name_backend()
-            _register_matmul_kernels()
+            # Before the first activation, which sends every structured op without a tpu
+            # kernel to the native fallback: these keep theirs.
+            _register_kernels()
             _named = True
     torch.ops.xlasim.tpu_activate(DEVICES_PER_PROCESS, hbm_bytes)
     enforce_hbm(enforce)
@@ -148,9 +151,10 @@ def _cpu_kernel(op: Any) -> Callable[..., Any]:
 _CPU_FUNCTIONAL = (torch.ops.aten.mse_loss.default,)
 
 
-def _register_matmul_kernels() -> None:
-    """Matmul-class ops on ``tpu`` tensors at the TPU's precision (every other op reaches the
-    native fallback, which runs the CPU kernel)."""
+def _register_kernels() -> None:
+    """Matmul-class ops on ``tpu`` tensors at the TPU's precision, and the functional ops of
+    ``_CPU_FUNCTIONAL`` (every other op reaches the native fallback, which runs the CPU
+    kernel)."""
     global _kernels
     lib = torch.library.Library("aten", "IMPL", "PrivateUse1")
     for op in numerics.MATMUL_CLASS:
