@@ -1,4 +1,5 @@
-"""Import redirection: inside a simulation, ``import torch_xla`` gives the simulated modules.
+"""Import redirection: inside a simulation, ``import torch_xla`` and ``import torch_tpu`` give the
+simulated modules.
 
 The simulated module tree lives in ``xlasim/torch_xla`` and is imported under the real names
 (``torch_xla.runtime``...), so tracebacks, pickling and ``__name__`` checks look as they would
@@ -43,22 +44,35 @@ def _is_torch_xla(name: str) -> bool:
     return name == "torch_xla" or name.startswith("torch_xla.")
 
 
+def _is_torch_tpu(name: str) -> bool:
+    return name == "torch_tpu" or name.startswith("torch_tpu.")
+
+
+def _is_simulated(name: str) -> bool:
+    """A module of a surface the simulator serves: torch_xla's or TorchTPU's."""
+    return _is_torch_xla(name) or _is_torch_tpu(name)
+
+
 SIMULATED_VERSION = "2.9.0"
 """The torch_xla release the simulated surface mirrors (also ``torch_xla.version.__version__``)."""
 
+SIMULATED_TORCH_TPU_VERSION = "0.2.0"
+"""The TorchTPU release the simulated ``torch_tpu`` mirrors."""
+
 
 class _SimulatedDistribution(importlib.metadata.Distribution):
-    """The installed-package record of the simulated torch_xla.
+    """The installed-package record of a simulated package (torch_xla, or TorchTPU).
 
     Client libraries decide what torch_xla can do from its distribution's version (Lightning's
     ``RequirementCache("torch_xla>=2.1")``, ``importlib.metadata.version("torch_xla")``), before
     and without importing it.
     """
 
-    _METADATA = f"Metadata-Version: 2.4\nName: torch-xla\nVersion: {SIMULATED_VERSION}\n"
+    def __init__(self, name: str = "torch-xla", version: str = SIMULATED_VERSION) -> None:
+        self._metadata = f"Metadata-Version: 2.4\nName: {name}\nVersion: {version}\n"
 
     def read_text(self, filename: str) -> str | None:
-        return self._METADATA if filename == "METADATA" else None
+        return self._metadata if filename == "METADATA" else None
 
     def locate_file(self, path: Any) -> Any:
         return os.path.join(_SURFACE_PARENT, str(path))
@@ -66,9 +80,13 @@ class _SimulatedDistribution(importlib.metadata.Distribution):
 
 def _simulated_distributions(context: Any) -> list[importlib.metadata.Distribution]:
     name = getattr(context, "name", None)
-    if name is None or name.replace("-", "_").lower() == "torch_xla":
-        return [_SimulatedDistribution()]
-    return []
+    wanted = None if name is None else name.replace("-", "_").lower()
+    found: list[importlib.metadata.Distribution] = []
+    if wanted in (None, "torch_xla"):
+        found.append(_SimulatedDistribution())
+    if wanted in (None, "torch_tpu"):
+        found.append(_SimulatedDistribution("torch-tpu", SIMULATED_TORCH_TPU_VERSION))
+    return found
 
 
 class _SimFinder(importlib.abc.MetaPathFinder):
@@ -76,25 +94,31 @@ class _SimFinder(importlib.abc.MetaPathFinder):
         return _simulated_distributions(context)
 
     def find_spec(self, fullname: str, path: Any = None, target: ModuleType | None = None):
-        if not _is_torch_xla(fullname):
+        if not _is_simulated(fullname):
             return None
-        if fullname == "torch_xla":
+        if fullname in ("torch_xla", "torch_tpu"):
             spec = importlib.machinery.PathFinder.find_spec(fullname, [_SURFACE_PARENT])
         else:
             parent = sys.modules.get(fullname.rpartition(".")[0])
             search = list(getattr(parent, "__path__", []) or [])
             spec = importlib.machinery.PathFinder.find_spec(fullname, search) if search else None
         if spec is None:
+            package, doc = (
+                ("TorchTPU", "docs/torch-tpu.md")
+                if _is_torch_tpu(fullname)
+                else ("torch_xla", "docs/support-matrix.md")
+            )
             raise ModuleNotFoundError(
                 f"No module named {fullname!r}: xlasim does not simulate this part of "
-                "torch_xla (docs/support-matrix.md lists what it does)",
+                f"{package} ({doc} lists what it does)",
                 name=fullname,
             )
         return spec
 
 
 class _LazyFinder(importlib.abc.MetaPathFinder):
-    """Installed by environment activation: activates on the first ``import torch_xla``.
+    """Installed by environment activation: activates on the first ``import torch_xla`` (or
+    ``import torch_tpu``).
 
     Keeps interpreter start-up free of torch imports for processes that never use torch_xla.
     """
@@ -107,7 +131,7 @@ class _LazyFinder(importlib.abc.MetaPathFinder):
         return _simulated_distributions(context)
 
     def find_spec(self, fullname: str, path: Any = None, target: ModuleType | None = None):
-        if not _is_torch_xla(fullname):
+        if not _is_simulated(fullname):
             return None
         with _lock:
             if self in sys.meta_path:
@@ -151,7 +175,7 @@ def _swap_in(spec: SliceSpec) -> None:
         )
     _session().attach_device(spec)
     _stashed_modules.clear()
-    for name in [n for n in sys.modules if _is_torch_xla(n)]:
+    for name in [n for n in sys.modules if _is_simulated(n)]:
         _stashed_modules[name] = sys.modules.pop(name)
     sys.meta_path.insert(0, _FINDER)
 
@@ -159,7 +183,7 @@ def _swap_in(spec: SliceSpec) -> None:
 def _swap_out() -> None:
     if _FINDER in sys.meta_path:
         sys.meta_path.remove(_FINDER)
-    for name in [n for n in sys.modules if _is_torch_xla(n)]:
+    for name in [n for n in sys.modules if _is_simulated(n)]:
         del sys.modules[name]
     sys.modules.update(_stashed_modules)
     _stashed_modules.clear()

@@ -25,7 +25,7 @@ import torch
 from torch.autograd.variable import Variable
 from torch.utils._mode_utils import no_dispatch
 
-from xlasim.runtime import autocast
+from xlasim.runtime import autocast, privateuse1
 
 # Besides the guard, one op: resizing a wrapper tensor's own metadata, which out= ops and
 # in-place view ops (arange(out=), t_()) change on the wrapped CPU tensor.
@@ -49,7 +49,7 @@ TORCH_LIBRARY_IMPL(xlasim, CompositeImplicitAutograd, m) { m.impl("set_meta", se
 """
 
 # The simulated TPU's operand splitting (xlasim.runtime.numerics) in one pass over memory,
-# optimized on its own (torch builds the extension unoptimized, which is fine for the rest):
+# optimized further on its own (O3 where the rest is built at _CFLAGS' level):
 # float32 x as n bfloat16 parts (rounded to nearest even, held in float32), each the rounding of
 # what the parts before it left; or, cumulative, the running sums x0, x0 + x1, ... (exact in
 # float32). Parts keep x's strides when it is dense, so a matmul on them sees x's layout.
@@ -197,7 +197,8 @@ TORCH_LIBRARY_IMPL(xlasim, CPU, m) {
 
 def _source() -> str:
     # The autocast kernels depend on the installed torch's ops, so the source is made per process.
-    return _GUARD_SOURCE + _PARTS_SOURCE + autocast.cpp_source()
+    # The simulated TorchTPU device rides in the same extension: one build, one load.
+    return _GUARD_SOURCE + _PARTS_SOURCE + privateuse1.SOURCE + autocast.cpp_source()
 
 
 # In the engine's error for a device index no queue (and no device thread) serves; a process
@@ -214,7 +215,7 @@ BUILD_WAIT_S = 900.0
 def _extension_name(source: str) -> str:
     # Keyed by torch version, torch install and source: the build files name the install's
     # paths, and processes running different sources must not rebuild over each other.
-    digest = zlib.crc32((source + os.path.dirname(torch.__file__)).encode())
+    digest = zlib.crc32((source + " ".join(_CFLAGS) + os.path.dirname(torch.__file__)).encode())
     version = re.sub(r"\W", "_", torch.__version__)
     return f"xlasim_xla_{version}_{digest:08x}"
 
@@ -237,6 +238,12 @@ def _cpp_extension() -> Any:
     return cpp_extension
 
 
+# Optimized: the simulated TorchTPU device's fallback runs for nearly every op on a tpu tensor,
+# and unoptimized its C++ (mostly inlined header code) costs several times the CPU kernel of a
+# small op; it makes a cold build take about twice as long (tens of seconds, once).
+_CFLAGS = ("-O2",)
+
+
 def _build(name: str, source: str, build_dir: str) -> None:
     cpp_extension = _cpp_extension()
 
@@ -248,7 +255,11 @@ def _build(name: str, source: str, build_dir: str) -> None:
         os.remove(stale)
     try:
         cpp_extension.load_inline(
-            name=name, cpp_sources=[source], is_python_module=False, verbose=False
+            name=name,
+            cpp_sources=[source],
+            is_python_module=False,
+            verbose=False,
+            extra_cflags=list(_CFLAGS),
         )
     except (RuntimeError, OSError) as exc:  # compiler or ninja missing
         raise RuntimeError(

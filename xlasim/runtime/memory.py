@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from tpu_backend.topology import SliceSpec
-from xlasim.runtime import hbm, state
+from xlasim.runtime import hbm, state, tpu_device
 from xlasim.runtime.hbm import ENFORCE_ENV, human_bytes, layout, layout_of
 from xlasim.runtime.state import SimRuntime
 from xlasim.sharding.device_layout import device_attributes
@@ -180,3 +180,4 @@ def enforce_hbm(enabled: bool = True) -> None:
     if not isinstance(enabled, bool):
         raise TypeError(f"enabled must be True or False, got {type(enabled).__name__} {enabled!r}")
     state.current().memory.enforce = enabled
+    tpu_device.enforce_hbm(enabled)  # TorchTPU's device, where a simulated torch_tpu is loaded

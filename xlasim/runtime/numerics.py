@@ -34,6 +34,7 @@ from xlasim.runtime import state as _runtime
 from xlasim.runtime.settings import PRECISIONS
 
 __all__ = [
+    "MATMUL_CLASS",
     "PRECISIONS",
     "emulated",
     "level",
@@ -161,26 +162,28 @@ def _plain(op: Any) -> Callable[..., Any]:
     return getattr(op, "_op", op)
 
 
-def _matmul(op: Any) -> Callable[..., Any]:
+def _matmul(op: Any, level_of: Callable[[], str | None]) -> Callable[..., Any]:
     """mm, bmm, mv, dot: ``op(a, b)``."""
     call = _plain(op)
 
     def run(a: Any, b: Any, *rest: Any, **kwargs: Any) -> Any:
         out = None
         if not rest and not kwargs:
-            out = _product(call, a, b, level(), dot=True)
+            out = _product(call, a, b, level_of(), dot=True)
         return call(a, b, *rest, **kwargs) if out is None else out
 
     return run
 
 
-def _biased(op: Any, product_op: Any, reduce_batch: bool = False) -> Callable[..., Any]:
+def _biased(
+    op: Any, level_of: Callable[[], str | None], product_op: Any, reduce_batch: bool = False
+) -> Callable[..., Any]:
     """addmm, baddbmm, addmv, addbmm: ``op(bias, a, b, *, beta, alpha)``."""
     call = _plain(op)
     product_call = _plain(product_op)
 
     def run(bias: Any, a: Any, b: Any, *rest: Any, beta: Any = 1, alpha: Any = 1) -> Any:
-        product = None if rest else _product(product_call, a, b, level(), dot=True)
+        product = None if rest else _product(product_call, a, b, level_of(), dot=True)
         if product is None:
             return call(bias, a, b, *rest, beta=beta, alpha=alpha)
         if reduce_batch:
@@ -190,12 +193,12 @@ def _biased(op: Any, product_op: Any, reduce_batch: bool = False) -> Callable[..
     return run
 
 
-def _convolution(op: Any) -> Callable[..., Any]:
+def _convolution(op: Any, level_of: Callable[[], str | None]) -> Callable[..., Any]:
     """convolution(input, weight, bias, stride, padding, dilation, transposed, out_pad, groups)."""
     call = _plain(op)
 
     def run(x: Any, w: Any, bias: Any, *conv: Any) -> Any:
-        out = _product(lambda p, q: call(p, q, None, *conv), x, w, level())
+        out = _product(lambda p, q: call(p, q, None, *conv), x, w, level_of())
         if out is None:
             return call(x, w, bias, *conv)
         if bias is not None:
@@ -205,7 +208,7 @@ def _convolution(op: Any) -> Callable[..., Any]:
     return run
 
 
-def _convolution_backward(op: Any) -> Callable[..., Any]:
+def _convolution_backward(op: Any, level_of: Callable[[], str | None]) -> Callable[..., Any]:
     """convolution_backward(grad_out, input, weight, bias_sizes, *conv, output_mask).
 
     The input's gradient is bilinear in (grad_out, weight), the weight's in (input, grad_out);
@@ -213,7 +216,7 @@ def _convolution_backward(op: Any) -> Callable[..., Any]:
     call = _plain(op)
 
     def run(grad: Any, x: Any, w: Any, bias_sizes: Any, *rest: Any) -> Any:
-        precision = level()
+        precision = level_of()
         *conv, mask = rest
         if precision is None or _dtype(grad, x) is None or _dtype(grad, w) is None:
             return call(grad, x, w, bias_sizes, *conv, mask)
@@ -239,26 +242,33 @@ def _convolution_backward(op: Any) -> Callable[..., Any]:
     return run
 
 
-def _table() -> dict[Any, Callable[[Any], Callable[..., Any]]]:
+_Maker = Callable[[Any, Callable[[], "str | None"]], Callable[..., Any]]
+
+
+def _table() -> dict[Any, _Maker]:
     return {
         aten.mm.default: _matmul,
         aten.bmm.default: _matmul,
         aten.mv.default: _matmul,
         aten.dot.default: _matmul,
-        aten.addmm.default: lambda op: _biased(op, aten.mm.default),
-        aten.baddbmm.default: lambda op: _biased(op, aten.bmm.default),
-        aten.addmv.default: lambda op: _biased(op, aten.mv.default),
-        aten.addbmm.default: lambda op: _biased(op, aten.bmm.default, reduce_batch=True),
+        aten.addmm.default: lambda op, lv: _biased(op, lv, aten.mm.default),
+        aten.baddbmm.default: lambda op, lv: _biased(op, lv, aten.bmm.default),
+        aten.addmv.default: lambda op, lv: _biased(op, lv, aten.mv.default),
+        aten.addbmm.default: lambda op, lv: _biased(op, lv, aten.bmm.default, reduce_batch=True),
         aten.convolution.default: _convolution,
         aten.convolution_backward.default: _convolution_backward,
     }
 
 
-_EMULATED: dict[Any, Callable[[Any], Callable[..., Any]]] = _table()
+_EMULATED: dict[Any, _Maker] = _table()
+
+MATMUL_CLASS: tuple[Any, ...] = tuple(_EMULATED)
+"""The ops whose float32 and bfloat16 forms the TPU's matrix unit computes."""
 
 
-def emulated(op: Any) -> Callable[..., Any] | None:
-    """The callable that computes ``op`` as the TPU does (choosing per call by the active
-    precision and operand dtypes), or None when ``op`` is not matmul-class."""
+def emulated(op: Any, level_of: Callable[[], str | None] = level) -> Callable[..., Any] | None:
+    """The callable that computes ``op`` as the TPU does (choosing per call by the precision
+    ``level_of()`` gives -- the active torch_xla simulation's by default -- and the operand
+    dtypes), or None when ``op`` is not matmul-class."""
     make = _EMULATED.get(op)
-    return make(op) if make is not None else None
+    return make(op, level_of) if make is not None else None

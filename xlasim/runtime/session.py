@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import torch
 
 from tpu_backend.topology import SliceSpec
-from xlasim.runtime import autocast, graph, state
+from xlasim.runtime import autocast, graph, state, tpu_device
 from xlasim.runtime.client import Client, cpu_client, tpu_client
 from xlasim.runtime.device import check_autograd_engine, ensure_device_guard, release_graph_tasks
 from xlasim.runtime.dry_run import ShapeOnlyFactories
@@ -40,9 +40,25 @@ def attach_device(spec: SliceSpec) -> None:
         state.START_HOOKS.append(_check_autograd_at_start)
 
 
+def attach_tpu(runtime: state.SimRuntime) -> None:
+    """TorchTPU's ``tpu`` device joins the simulation (a simulated ``torch_tpu`` loads). It
+    shares autograd's device threads with the ``xla`` device (the engine keeps one per device
+    index), so the same one-time check and exit-time drain cover it."""
+    global _tpu_attached
+    spec = runtime.spec
+    tpu_device.attach(spec.hbm_bytes_per_chip // spec.devices_per_chip, runtime.memory.enforcing())
+    _tpu_attached = True
+    _check_autograd_at_start(runtime)
+
+
+_tpu_attached = False
+
+
 def detach_device() -> None:
     FACTORY_KERNELS.unregister()
     autocast.uninstall()
+    # TorchTPU's device (attached when a simulated torch_tpu loads) has no devices outside.
+    tpu_device.detach()
 
 
 @contextlib.contextmanager
@@ -102,7 +118,7 @@ def _check_autograd(spec: SliceSpec) -> None:
 
 
 def _release_graph_tasks_at_exit(spec: SliceSpec, pid: int) -> None:
-    """Makes interpreter exit safe after backward passes on ``xla`` tensors.
+    """Makes interpreter exit safe after backward passes on ``xla`` (and ``tpu``) tensors.
 
     The autograd device threads that ran them may still hold a finished graph task whose
     release needs the GIL, which aborts the process once shutdown has begun; see
@@ -111,6 +127,8 @@ def _release_graph_tasks_at_exit(spec: SliceSpec, pid: int) -> None:
     if os.getpid() != pid:
         return  # a forked child: the device threads stayed in the parent
     indices = device_indices()
+    if _tpu_attached and 0 not in indices:
+        indices = [0, *indices]  # the thread that ran tpu:0's backward passes
     # The program may have run on a PJRT CPU client with more devices than a TPU host has: the
     # scratch runtime's client has every device a backward pass used.
     client = cpu_client(max(indices, default=0) + 1)

@@ -1,0 +1,1 @@
+"""The simulated TorchTPU's modules behind its public ``torch.tpu`` names."""

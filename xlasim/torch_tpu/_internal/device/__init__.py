@@ -1,0 +1,1 @@
+"""The ``torch.tpu`` device module."""

@@ -1,0 +1,1 @@
+"""Streams and events of the ``tpu`` device."""

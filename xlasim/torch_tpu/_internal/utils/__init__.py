@@ -1,0 +1,1 @@
+"""What TorchTPU reads from the machine, here from the simulated slice."""
