@@ -22,6 +22,10 @@ import xlasim
 
 GiB = 1024**3
 
+# Loading TorchTPU names PrivateUse1 "tpu" for the rest of the process (as the real loader
+# does): the module's tests share one xdist worker, so the other one never sees that.
+pytestmark = pytest.mark.xdist_group("torch_tpu")
+
 
 @pytest.fixture
 def tpu() -> Iterator[Any]:
