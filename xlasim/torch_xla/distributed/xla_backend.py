@@ -309,6 +309,24 @@ class ProcessGroupXla(ProcessGroup):
     def Options(self, *args: Any) -> Any:  # noqa: N802 - torch_xla's name
         raise NotImplementedError
 
+    # Newer torch (2.10+) calls the single-tensor collectives by these names; they are the
+    # ops torch 2.9's torch.distributed reaches torch_xla's group through.
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> Any:  # noqa: A002
+        return self._allgather_base(output, input, opts)
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> Any:  # noqa: A002
+        return self._reduce_scatter_base(output, input, opts)
+
+    def all_to_all_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,  # noqa: A002 - torch's name
+        output_split_sizes: Any,
+        input_split_sizes: Any,
+        opts: Any,
+    ) -> Any:
+        return self.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
+
 
 def _infer_mesh(slice_ranks: list[int], world_size: int) -> list[list[int]]:
     """The rectangular mesh of ``world_size`` ranks that has ``slice_ranks`` as a row (ranks
