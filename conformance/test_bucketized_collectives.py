@@ -78,3 +78,17 @@ def test_collective_permute_one_replica(xla_target):
 
     value = torch.arange(3.0, device=torch_xla.device())
     assert xm.collective_permute(value, [[0, 0]]).cpu().tolist() == [0.0, 1.0, 2.0]
+
+
+def test_an_output_takes_the_result_whatever_its_shape(xla_target):
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+
+    # torch_xla's out-variants replace the output's data: its values are the result's.
+    dev = torch_xla.device()
+    output = torch.zeros(5, device=dev)
+    assert xm.all_gather(torch.ones(2, device=dev), output=output) is output
+    assert output.cpu().tolist() == [1.0, 1.0]
+    outputs = [torch.zeros(5, device=dev)]
+    assert xm.all_gather([torch.ones(2, device=dev)], output=outputs, pin_layout=False) is outputs
+    assert outputs[0].cpu().tolist() == [1.0, 1.0]

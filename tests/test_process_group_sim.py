@@ -94,6 +94,9 @@ def _replica() -> dict[str, object]:
     outputs = [torch.zeros(2, device=dev), torch.zeros(1, 2, device=dev)]
     xm.reduce_scatter_bucketized(xm.REDUCE_SUM, big, 0.5, 0, WORLD, output=outputs)
     out["reduce_scatter_bucketized"] = [o.cpu() for o in outputs]
+    full = torch.zeros(8, device=dev)  # takes the shard: torch_xla replaces an output's data
+    xm.reduce_scatter(xm.REDUCE_SUM, torch.arange(8.0, device=dev), 1.0, 0, WORLD, output=full)
+    out["reduce_scatter_full_output"] = full.cpu()
     ring = [[r, (r + 1) % WORLD] for r in range(WORLD)]
     out["collective_permute"] = xm.collective_permute(_ours(i).to(dev), ring).cpu()
     grads = [(_ours(i) * (k + 1)).to(dev) for k in range(3)]
@@ -149,6 +152,7 @@ def test_process_group_collectives_between_replicas(xlasim_sim, monkeypatch):
         first, second = got["reduce_scatter_bucketized"]
         close(first, total[2 * i : 2 * i + 2] * 0.5)
         close(second, torch.full((1, 2), 2.0))
+        close(got["reduce_scatter_full_output"], torch.arange(8.0)[2 * i : 2 * i + 2] * WORLD)
         close(got["collective_permute"], ours[(i - 1) % WORLD])
         for k, grad in enumerate(got["bucketized_gradients"]):
             close(grad, stacked.sum(0) * (k + 1) * 0.25)

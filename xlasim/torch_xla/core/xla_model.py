@@ -249,6 +249,16 @@ def all_reduce(
     return inputs
 
 
+def _into_output(output: torch.Tensor, result: torch.Tensor) -> None:
+    """An ``output=`` tensor takes the collective's result as its value, whatever its shape was
+    (torch_xla's out-variants replace the tensor's data; its ``.cpu()`` then has the result's
+    shape)."""
+    if output.shape == result.shape:
+        output.copy_(result)
+    else:
+        output.set_(result)  # type: ignore[call-overload]
+
+
 def _all_gather_one(value: torch.Tensor, dim: int, groups: Any) -> torch.Tensor:
     if runtime.world_size() == 1:
         return value.clone()
@@ -282,7 +292,7 @@ def all_gather(
                     f"`output` length doesn't match `input` length: {len(output)} vs {len(value)}."
                 )
             for out, v in zip(output, value, strict=True):
-                out.copy_(_all_gather_one(v, dim, groups))
+                _into_output(out, _all_gather_one(v, dim, groups))
             return output
         return [_all_gather_one(v, dim, groups) for v in value]
     if not isinstance(value, torch.Tensor):
@@ -291,7 +301,7 @@ def all_gather(
         )
     result = _all_gather_one(value, dim, groups)
     if output is not None:
-        output.copy_(result)
+        _into_output(output, result)
         return output
     return result
 
@@ -336,7 +346,7 @@ def reduce_scatter(
     if isinstance(input, torch.Tensor):
         result = _reduce_scatter_one(reduce_type, input, scale, scatter_dim, shard_count, groups)
         if output is not None:
-            output.copy_(result)
+            _into_output(output, result)
             return output
         return result
     if not (isinstance(input, list) and all(isinstance(v, torch.Tensor) for v in input)):
@@ -355,7 +365,7 @@ def reduce_scatter(
             f"`output` length doesn't match `input` length: {len(output)} vs {len(input)}."
         )
     for out, result in zip(output, results, strict=True):
-        out.copy_(result)
+        _into_output(out, result)
     return output
 
 
