@@ -76,6 +76,13 @@ def _replica() -> dict[str, object]:
     dist.scatter(part, sent, src=0)
     out["scatter"] = part.cpu()
     dist.barrier()
+    # Even ranks send to the next odd one: every replica runs one collective-permute.
+    t = _ours(i).to(dev)
+    if i % 2 == 0:
+        dist.send(t, dst=i + 1)
+    else:
+        dist.recv(t, src=i - 1)
+    out["send_recv"] = t.cpu()
 
     # Every process creates every group (torch.distributed's rule); the mesh is inferred.
     spmd = {"xla_pg_options": {"spmd": True}}
@@ -144,6 +151,7 @@ def test_process_group_collectives_between_replicas(xlasim_sim, monkeypatch):
         else:
             assert got["gather"] is None
         close(got["scatter"], ours[0] * (i + 1))
+        close(got["send_recv"], ours[i - i % 2])
         assert got["pair_mesh"] == [[0, 1], [2, 3]]
         pair = [0, 1] if i < 2 else [2, 3]
         close(got["pair_all_reduce"], stacked[pair].sum(0))
