@@ -290,6 +290,43 @@ def _xla_get_mat_mul_precision() -> str:
     return _rt().mat_mul_precision
 
 
+def _checked_xla_device(device: str) -> None:
+    """torch_xla's checks of a device string naming an ``xla`` device of this process."""
+    if not device:
+        return
+    parsed = torch.device(device)  # torch's own error for a string naming no device type
+    if parsed.type != "xla":
+        raise RuntimeError(f"Check failed: device.type() == at::kXLA ({parsed.type} vs. xla)")
+    count = len(_rt().xla_devices())
+    if parsed.index is not None and parsed.index >= count:
+        raise IndexError(
+            f"vector::_M_range_check: __n (which is {parsed.index}) >= this->size() "
+            f"(which is {count})"
+        )
+
+
+def _xla_set_enable_alias_with_buffer_donor_config(
+    enable_user_config_alias: Any = False, device: str = ""
+) -> None:
+    # pybind11's bool argument: None and numbers convert, anything else does not.
+    if enable_user_config_alias is not None and not isinstance(
+        enable_user_config_alias, (bool, int, float)
+    ):
+        raise TypeError(
+            "_xla_set_enable_alias_with_buffer_donor_config(): incompatible function "
+            "arguments. The following argument types are supported:\n    1. "
+            "(enable_user_config_alias: bool = False, device: str = '') -> None\n\n"
+            f"Invoked with: {enable_user_config_alias!r}"
+        )
+    _checked_xla_device(device)
+    _rt().alias_with_buffer_donor = bool(enable_user_config_alias)
+
+
+def _xla_get_enable_alias_with_buffer_donor_config(device: str = "") -> bool:
+    _checked_xla_device(device)
+    return _rt().alias_with_buffer_donor
+
+
 def _xla_set_rng_seed(seed: int, device: str = "") -> None:
     _rt().manual_seed(seed)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -181,17 +182,21 @@ def _gathered(value: torch.Tensor, groups: Any, name: str) -> tuple[torch.Tensor
     The simulated processes exchange their values when the op runs (one gather of every
     replica's value); each replica then keeps its group's rows.
     """
+    ordinal = runtime.global_ordinal()
+    group = None
+    if groups:
+        group = next((list(g) for g in groups if ordinal in g), None)
+        if group is None:
+            raise ValueError(f"xm.{name}: replica {ordinal} is in none of the groups {groups}")
+        if len(group) == 1:
+            return value.unsqueeze(0), 0, 1  # a group of one meets no other replica
     if runtime.world_size() != runtime.process_count():
         raise _multi_replica(name)
     everyone = _replicas.replica_all_gather(value)
-    ordinal = runtime.global_ordinal()
-    if not groups:
+    if group is None:
         return everyone, ordinal, runtime.world_size()
-    for group in groups:
-        if ordinal in group:
-            rows = torch.tensor(list(group), dtype=torch.int64).to(value.device)
-            return everyone.index_select(0, rows), list(group).index(ordinal), len(group)
-    raise ValueError(f"xm.{name}: replica {ordinal} is in none of the groups {groups}")
+    rows = torch.tensor(group, dtype=torch.int64).to(value.device)
+    return everyone.index_select(0, rows), group.index(ordinal), len(group)
 
 
 _REDUCERS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
@@ -219,7 +224,8 @@ def _reduce(reduce_type: str, rows: torch.Tensor) -> torch.Tensor:
 def _all_reduce_one(
     reduce_type: str, value: torch.Tensor, scale: float, groups: Any
 ) -> torch.Tensor:
-    rows, _, _ = _gathered(value, groups, "all_reduce")
+    # One replica (XLA_ALWAYS_ALLREDUCE): the reduction of its own value, scale applied.
+    rows, _, _ = _replica_rows(value, groups, "all_reduce")
     result = _reduce(reduce_type, rows)
     return result * scale if scale != 1.0 else result
 
@@ -241,6 +247,16 @@ def all_reduce(
         for tensor in inputs:
             tensor.copy_(_all_reduce_one(reduce_type, tensor, scale, groups))
     return inputs
+
+
+def _into_output(output: torch.Tensor, result: torch.Tensor) -> None:
+    """An ``output=`` tensor takes the collective's result as its value, whatever its shape was
+    (torch_xla's out-variants replace the tensor's data; its ``.cpu()`` then has the result's
+    shape)."""
+    if output.shape == result.shape:
+        output.copy_(result)
+    else:
+        output.set_(result)  # type: ignore[call-overload]
 
 
 def _all_gather_one(value: torch.Tensor, dim: int, groups: Any) -> torch.Tensor:
@@ -276,7 +292,7 @@ def all_gather(
                     f"`output` length doesn't match `input` length: {len(output)} vs {len(value)}."
                 )
             for out, v in zip(output, value, strict=True):
-                out.copy_(_all_gather_one(v, dim, groups))
+                _into_output(out, _all_gather_one(v, dim, groups))
             return output
         return [_all_gather_one(v, dim, groups) for v in value]
     if not isinstance(value, torch.Tensor):
@@ -285,7 +301,7 @@ def all_gather(
         )
     result = _all_gather_one(value, dim, groups)
     if output is not None:
-        output.copy_(result)
+        _into_output(output, result)
         return output
     return result
 
@@ -330,7 +346,7 @@ def reduce_scatter(
     if isinstance(input, torch.Tensor):
         result = _reduce_scatter_one(reduce_type, input, scale, scatter_dim, shard_count, groups)
         if output is not None:
-            output.copy_(result)
+            _into_output(output, result)
             return output
         return result
     if not (isinstance(input, list) and all(isinstance(v, torch.Tensor) for v in input)):
@@ -349,8 +365,136 @@ def reduce_scatter(
             f"`output` length doesn't match `input` length: {len(output)} vs {len(input)}."
         )
     for out, result in zip(output, results, strict=True):
-        out.copy_(result)
+        _into_output(out, result)
     return output
+
+
+def _tensor_list_or_raise(value: Any, name: str) -> None:
+    if not isinstance(value, list) or any(not isinstance(v, torch.Tensor) for v in value):
+        raise TypeError(f"`{name}` needs to be a list of Tensors, but given {type(value)}.")
+
+
+class CoalescingBuckets:
+    """Runs ``func`` over ``input_list`` in buckets of about ``bucket_cap_mb`` MiB each: a
+    bucket of one tensor as ``func(tensor, output)``, a larger one as ``func(tensors,
+    outputs)`` (the coalesced collective); calling it returns every result in input order."""
+
+    def __init__(
+        self,
+        func: Callable[[Any, Any], Any],
+        input_list: Any,
+        output_list: Any = None,
+        bucket_cap_mb: int = 160,
+    ) -> None:
+        _tensor_list_or_raise(input_list, "input_list")
+        if output_list is not None:
+            _tensor_list_or_raise(output_list, "output_list")
+            if len(output_list) != len(input_list):
+                raise ValueError(
+                    "`output_list` length doesn't match `input_list` length: "
+                    f"{len(output_list)} vs {len(input_list)}."
+                )
+        self._func = func
+        self._input_list = input_list
+        self._output_list = output_list
+        self._bucket_cap = bucket_cap_mb * 1024 * 1024
+
+    def _buckets(self) -> list[list[int]]:
+        """The input indices of each bucket. A tensor over the cap joins a bucket under half
+        the cap when both stay within twice the cap, and that bucket closes with it;
+        otherwise a bucket closes before the tensor that would take it over the cap."""
+        cap = self._bucket_cap
+        buckets: list[list[int]] = []
+        current: list[int] = []
+        filled = 0
+        for index, tensor in enumerate(self._input_list):
+            size = tensor.numel() * tensor.element_size()
+            if size > cap and filled < cap / 2 and filled + size <= 2 * cap:
+                buckets.append([*current, index])
+                current, filled = [], 0
+                continue
+            if filled + size > cap:
+                buckets.append(current)
+                current, filled = [], 0
+            current.append(index)
+            filled += size
+        buckets.append(current)
+        return [b for b in buckets if b]
+
+    def __call__(self) -> list[Any]:
+        results: list[Any] = []
+        for bucket in self._buckets():
+            inputs = [self._input_list[i] for i in bucket]
+            outputs = None if not self._output_list else [self._output_list[i] for i in bucket]
+            if len(bucket) == 1:
+                results.append(self._func(inputs[0], outputs[0] if outputs else None))
+            else:
+                results.extend(self._func(inputs, outputs))
+        return results
+
+
+def all_gather_bucketized(
+    input_list: list[torch.Tensor],
+    dim: int = 0,
+    groups: list[list[int]] | None = None,
+    output: Any = None,
+    pin_layout: bool = False,
+    bucket_cap_mb: int = 160,
+) -> list[torch.Tensor]:
+    """``all_gather`` of each tensor, coalesced in buckets of about ``bucket_cap_mb`` MiB."""
+    if pin_layout:
+        raise RuntimeError("For xm.all_gather_bucketized, pin_layout=True is not yet supported.")
+
+    def gather(values: Any, outputs: Any) -> Any:
+        return all_gather(values, dim=dim, groups=groups, output=outputs, pin_layout=pin_layout)
+
+    return CoalescingBuckets(gather, input_list, output, bucket_cap_mb=bucket_cap_mb)()
+
+
+def reduce_scatter_bucketized(
+    reduce_type: str,
+    input_list: Any,
+    scale: float,
+    scatter_dim: int,
+    shard_count: int,
+    groups: list[list[int]] | None = None,
+    output: Any = None,
+    pin_layout: bool = False,
+    bucket_cap_mb: int = 160,
+) -> list[torch.Tensor]:
+    """``reduce_scatter`` of each tensor, coalesced in buckets of about ``bucket_cap_mb``
+    MiB."""
+
+    def scatter(values: Any, outputs: Any) -> Any:
+        return reduce_scatter(
+            reduce_type, values, scale, scatter_dim, shard_count,
+            groups=groups, output=outputs, pin_layout=pin_layout,
+        )  # fmt: skip
+
+    return CoalescingBuckets(scatter, input_list, output, bucket_cap_mb=bucket_cap_mb)()
+
+
+def all_reduce_bucketized_gradients(
+    gradients: list[torch.Tensor],
+    scale: float,
+    groups: list[list[int]] | None,
+    pin_layout: bool,
+    bucket_cap_mb: int = 0,
+) -> None:
+    """In-place sum of the gradients over the replicas (times ``scale``), one all-reduce per
+    bucket of about ``bucket_cap_mb`` MiB (a bucket holds at least one gradient)."""
+    cap = bucket_cap_mb * 1024 * 1024
+    bucket: list[torch.Tensor] = []
+    filled = 0
+    for grad in gradients:
+        size = grad.numel() * grad.element_size()
+        if bucket and filled + size > cap:
+            all_reduce(REDUCE_SUM, bucket, scale=scale, groups=groups, pin_layout=pin_layout)
+            bucket, filled = [], 0
+        bucket.append(grad)
+        filled += size
+    if bucket:
+        all_reduce(REDUCE_SUM, bucket, scale=scale, groups=groups, pin_layout=pin_layout)
 
 
 def all_to_all(
@@ -377,6 +521,36 @@ def all_to_all(
         )
     pieces = [row.chunk(split_count, dim=split_dimension)[index] for row in rows.unbind(0)]
     return torch.cat(pieces, dim=concat_dimension)
+
+
+def collective_permute(value: torch.Tensor, pairs: list[list[int]]) -> torch.Tensor:
+    """XLA's CollectivePermute: each ``[source, target]`` pair sends the source replica's
+    ``value`` to the target; a replica no pair targets gets zeros."""
+    rows, index, _ = _replica_rows(value, None, "collective_permute")
+    sources = [source for source, target in pairs if target == index]
+    if len(sources) > 1:
+        raise RuntimeError(
+            f"xm.collective_permute: replica {index} is the target of several pairs {pairs}"
+        )
+    if not sources:
+        return torch.zeros_like(value)
+    return rows[sources[0]].clone()
+
+
+def _point_to_point(name: str) -> NotImplementedError:
+    return NotImplementedError(
+        f"xlasim does not simulate xm.{name}: XLA's {name.capitalize()} pairs ops of "
+        "different programs by channel id, and the simulated replicas exchange values only "
+        "through collectives every replica runs; use xm.collective_permute"
+    )
+
+
+def send(value: torch.Tensor, channel_id: int) -> torch.Tensor:
+    raise _point_to_point("send")
+
+
+def recv(output: torch.Tensor, channel_id: int) -> torch.Tensor:
+    raise _point_to_point("recv")
 
 
 def collective_broadcast(
@@ -468,14 +642,17 @@ def reduce_gradients(
     optimizer: optim.Optimizer, groups: list[list[int]] | None = None, pin_layout: bool = True
 ) -> None:
     count = runtime.world_size()
-    if count > 1:
-        all_reduce(
-            REDUCE_SUM,
-            _fetch_gradients(optimizer),
-            scale=1.0 / count,
-            groups=groups,
-            pin_layout=pin_layout,
+    if count <= 1:
+        return
+    gradients = _fetch_gradients(optimizer)
+    bucket_mb = int(os.environ.get("ALLREDUCE_GRADIENTS_BUCKET_SIZE_MB", "0"))
+    if bucket_mb > 0:
+        # Buckets from the last layer back, the order backward produces gradients in.
+        all_reduce_bucketized_gradients(
+            gradients[::-1], 1.0 / count, groups, pin_layout, bucket_cap_mb=bucket_mb
         )
+        return
+    all_reduce(REDUCE_SUM, gradients, scale=1.0 / count, groups=groups, pin_layout=pin_layout)
 
 
 def optimizer_step(
