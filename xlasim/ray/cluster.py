@@ -75,7 +75,7 @@ On a node without the ``XLASIM_NODE_*`` values (a plain head) they expand to ''.
 Every worker of the job also runs :func:`job_worker_setup` first."""
 """Ray's floor is 75 MiB; tests move kilobytes."""
 
-_PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
+_PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
 
 _CLEANER_LOGGER = "ray.train.v2._internal.execution.controller.placement_group_cleaner"
 
