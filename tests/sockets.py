@@ -1,9 +1,11 @@
-"""The TCP sockets a process listens on, read from Linux's /proc (no extra dependency)."""
+"""The TCP sockets a process listens on, read from Linux's /proc (no extra dependency), and a
+free loopback port for a test's own listener."""
 
 from __future__ import annotations
 
 import ipaddress
 import os
+import socket
 from pathlib import Path
 
 
@@ -49,3 +51,10 @@ def is_loopback(address: str) -> bool:
     ip = ipaddress.ip_address(address)
     mapped = getattr(ip, "ipv4_mapped", None)
     return (mapped or ip).is_loopback
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now (the OS may hand it out again later)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from launcher import kill_launcher_group, start_xlasim_run
-from sockets import is_loopback, listening
+from sockets import free_port, is_loopback, listening
 
 pytestmark = [
     pytest.mark.skipif(
@@ -61,16 +60,10 @@ HOSTS = textwrap.dedent(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def test_hosts_of_a_simulated_slice_listen_on_loopback_only(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("XLASIM_", "MASTER_"))}
     # A port of this run's own for the xla:// store (torch_xla's default 12355 may be taken).
-    env["MASTER_PORT"] = str(_free_port())
+    env["MASTER_PORT"] = str(free_port())
     launcher = start_xlasim_run(
         "--topology", "4x4", "--", sys.executable, "-c", HOSTS, str(tmp_path),
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

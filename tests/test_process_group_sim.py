@@ -6,10 +6,9 @@ seconds each, so one spawn checks every op. The functions run in the children.""
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 import torch
+from sockets import free_port
 
 WORLD = 4
 
@@ -113,18 +112,12 @@ def _replica() -> dict[str, object]:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.topology("2x2x1", accelerator="v4")
 def test_process_group_collectives_between_replicas(xlasim_sim, monkeypatch):
     from torch_xla._internal import pjrt
 
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
     results = pjrt.run_multiprocess(_replica)
     assert sorted(results) == list(range(WORLD))
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from sockets import free_port
 
 pytest.importorskip("ray.train")
 
@@ -234,12 +235,6 @@ def test_a_node_that_never_joins_trips_the_named_bound_and_is_stopped(tmp_path):
 # -- a live cluster: a head and two `xlasim ray-node` machines ---------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class Machine:
     """One `xlasim ray-node` process, standing for one machine of the cluster."""
@@ -336,7 +331,7 @@ def live_cluster(tpu_clusters):
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     # A cluster of our own, with its own token: no one else's driver or node joins it.
     env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(16))
-    port = _free_port()
+    port = free_port()
     address = f"127.0.0.1:{port}"
     head = ray_node.start_node(
         "head",
@@ -346,7 +341,7 @@ def live_cluster(tpu_clusters):
         timeout_s=NODE_START_BOUND_S,
     )
     machines: list[Machine] = []
-    hosts_port = _free_port()  # the same on both machines: where host 0 listens
+    hosts_port = free_port()  # the same on both machines: where host 0 listens
     try:
         # One machine after the other: each raylet must register within Ray's fixed 30 s.
         for hosts in ("0", "1"):

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import concurrent.futures.process
 import os
-import socket
 
 import pytest
 import torch
+from sockets import free_port
 
 WORLD = 4
 LR = 0.1
@@ -106,19 +106,13 @@ def _replica(shared_init: dict[str, torch.Tensor]) -> dict[str, object]:
     return out
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.topology("2x2x1", accelerator="v4")
 @pytest.mark.mat_mul_precision("highest")
 def test_one_process_per_chip_and_their_collectives(xlasim_sim, monkeypatch):
     from torch_xla._internal import pjrt
 
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
     torch.manual_seed(0)
     init = torch.nn.Linear(4, 1).state_dict()
     results = pjrt.run_multiprocess(_replica, init)

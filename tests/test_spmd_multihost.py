@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from global_batch import eager_sgd
+from sockets import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 WAIT_S = 240.0
@@ -79,16 +79,10 @@ TRAIN_STEP = textwrap.dedent(
 )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run_hosts(topology: str, accelerator: str, num_hosts: int) -> list[dict]:
     env = dict(
         os.environ,
-        XLASIM_HOSTS_ADDR=f"127.0.0.1:{_free_port()}",
+        XLASIM_HOSTS_ADDR=f"127.0.0.1:{free_port()}",
         XLASIM_HOSTS_TIMEOUT_S=str(int(WAIT_S)),
     )
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
