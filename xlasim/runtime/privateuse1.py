@@ -165,8 +165,10 @@ struct Allocator final : c10::DeviceAllocator {
       for (auto& stat : *a) stat.reset_peak();
     }
   }
-  // (free, total) HBM of the device, as torch.accelerator.get_memory_info() reports it.
-  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex) override {
+  // (free, total) HBM of the device, as torch.accelerator.get_memory_info() reports it. Not
+  // marked override: torch 2.9's DeviceAllocator has no such virtual (later ones do, and this
+  // overrides it there all the same).
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex) {
     int64_t total = g_hbm.load();
     std::lock_guard<std::mutex> hold(g_stats_lock);
     int64_t used = g_stats.reserved_bytes[0].current;
