@@ -24,7 +24,14 @@ GiB = 1024**3
 
 # Loading TorchTPU names PrivateUse1 "tpu" for the rest of the process (as the real loader
 # does): the module's tests share one xdist worker, so the other one never sees that.
-pytestmark = pytest.mark.xdist_group("torch_tpu")
+pytestmark = [
+    pytest.mark.xdist_group("torch_tpu"),
+    pytest.mark.skipif(
+        torch.__version__ < "2.11",
+        reason=f"TorchTPU 0.2.0 needs torch >= 2.11, this is {torch.__version__} "
+        "(test_torch_tpu_torch_version.py checks the refusal)",
+    ),
+]
 
 
 @pytest.fixture
@@ -435,3 +442,24 @@ def test_a_process_with_another_privateuse1_backend_is_refused() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "PrivateUse1 device is already named 'tpu'" in done.stdout
+
+
+def test_seeding_after_a_torch_tpu_simulation_needs_no_tpu() -> None:
+    """torch.manual_seed also seeds the renamed PrivateUse1 device's module, for the rest of the
+    process: in a later simulation that never loads TorchTPU there is no attached device to
+    seed, and seeding the CPU still works."""
+    with xlasim.simulate("2x2"):
+        import torch_tpu  # noqa: F401
+
+        torch.manual_seed(0)
+        first = torch.randn(3, device="tpu").cpu()
+        torch.manual_seed(0)
+        assert torch.equal(torch.randn(3, device="tpu").cpu(), first)
+    with xlasim.simulate("2x2x1", "v4"):
+        import torch_xla
+
+        torch.manual_seed(5)
+        on_cpu = torch.randn(3)
+        torch.manual_seed(5)
+        assert torch.equal(torch.randn(3), on_cpu)
+        assert torch_xla.device().type == "xla"

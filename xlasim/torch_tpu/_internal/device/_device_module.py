@@ -174,8 +174,11 @@ class TpuDeviceModule:
 
     @classmethod
     def manual_seed(cls, seed: int) -> None:
-        if not cls.is_available():
-            return  # as torch.cuda.manual_seed without a GPU
+        # torch.manual_seed seeds the renamed PrivateUse1 device's module too, in every later
+        # simulation of the process, also one that never loaded TorchTPU: without an attached
+        # device there is no generator to seed, as torch.cuda.manual_seed without a GPU.
+        if not cls.is_initialized():
+            return
         cls._generator().manual_seed(int(seed))
 
     @classmethod
