@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 from torch.library import custom_op
 
+from xlasim.runtime.numerics import bilinear
 from xlasim.runtime.tensor import XlaSimTensor
 
 # Linear as einsum keeps the batch dims unflattened, so their shardings propagate.
@@ -54,8 +55,13 @@ def _(t: Tensor, mesh: str, partition_spec: str) -> Tensor:
     return None if t is None else torch.empty_like(t)
 
 
+def _einsum(equation: str) -> Callable[[Tensor, Tensor], Tensor]:
+    return lambda a, b: torch.einsum(equation, a, b)
+
+
+# The einsums multiply at the TPU's mat-mul precision, as the dots torch_xla lowers them to do.
 def _linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    out = torch.einsum(_LINEAR, x, weight)
+    out = bilinear(_einsum(_LINEAR), x, weight)
     return out if bias is None else out + bias
 
 
@@ -65,15 +71,23 @@ def _linear_grads(
     weight: Tensor,
     bias: Tensor | None,
     wants: tuple[bool, bool, bool],
+    multiply: Callable[[Callable[[Tensor, Tensor], Tensor], Tensor, Tensor], Tensor] = bilinear,
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
     # Clones: a custom op may not return a view of (or alias) one of its inputs.
     want_input, want_weight, want_bias = wants
-    grad_x = torch.einsum(_LINEAR_GRAD_INPUT, grad_output, weight).clone() if want_input else None
-    grad_w = torch.einsum(_LINEAR_GRAD_WEIGHT, grad_output, x).clone() if want_weight else None
+    grad_x = (
+        multiply(_einsum(_LINEAR_GRAD_INPUT), grad_output, weight).clone() if want_input else None
+    )
+    grad_w = multiply(_einsum(_LINEAR_GRAD_WEIGHT), grad_output, x).clone() if want_weight else None
     grad_b = None
     if bias is not None and want_bias:
         grad_b = torch.einsum(_LINEAR_GRAD_BIAS, grad_output).clone()
     return grad_x, grad_w, grad_b
+
+
+def _shapes_only(product: Callable[[Tensor, Tensor], Tensor], a: Tensor, b: Tensor) -> Tensor:
+    # Fake tensors have no values to split: the plain product gives the shape.
+    return product(a, b)
 
 
 @custom_op(
@@ -85,7 +99,10 @@ def einsum_linear_forward(x: Tensor, weight: Tensor, bias: Tensor | None) -> Ten
     return _linear(x, weight, bias)
 
 
-einsum_linear_forward.register_fake(_linear)
+@einsum_linear_forward.register_fake
+def _(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    out = _shapes_only(_einsum(_LINEAR), x, weight)
+    return out if bias is None else out + bias
 
 
 def _linear_backward(
@@ -108,7 +125,20 @@ einsum_linear_backward = custom_op(
     "-> (Tensor, Tensor, Tensor)",
     mutates_args=(),
 )
-einsum_linear_backward.register_fake(_linear_backward)
+
+
+@einsum_linear_backward.register_fake
+def _(
+    grad_output: Tensor,
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    want_input: bool,
+    want_weight: bool,
+    want_bias: bool,
+) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    wants = (want_input, want_weight, want_bias)
+    return _linear_grads(grad_output, x, weight, bias, wants, multiply=_shapes_only)
 
 
 # The ops torch_xla registers for code compiled by dynamo, with torch_xla's schemas (its own

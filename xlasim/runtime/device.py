@@ -88,6 +88,15 @@ static inline __attribute__((always_inline)) float xlasim_bf16(float v) {
   return xlasim_float((special & mask) | (rounded & ~mask));
 }
 
+// The leading parts of a split keep x's upper 16 bits (truncation, as XLA splits an operand for
+// its BF16_BF16_F32_X3/_X6 algorithms): what they leave is then exact in float32.
+static inline __attribute__((always_inline)) float xlasim_bf16_cut(float v) {
+  uint32_t u = xlasim_bits(v);
+  uint32_t special = (u | ((uint32_t)((u & 0xffffu) != 0u) << 22)) & 0xffff0000u;  // nan, inf
+  uint32_t mask = xlasim_not_finite(u);
+  return xlasim_float((special & mask) | (u & 0xffff0000u & ~mask));
+}
+
 #if defined(__x86_64__)
 #define XLASIM_WIDE_VECTORS __attribute__((target_clones("avx2", "default")))
 #else
@@ -103,7 +112,8 @@ XLASIM_WIDE_VECTORS static void xlasim_parts(const float* __restrict s, float* _
     float sum = 0.0f;
 #pragma GCC unroll 3
     for (int k = 0; k < N; ++k) {
-      float part = xlasim_bf16(rest);
+      // Every part but the last is cut; the last (the only one at 'default') is rounded.
+      float part = k + 1 < N ? xlasim_bf16_cut(rest) : xlasim_bf16(rest);
       uint32_t left = xlasim_bits(rest - part);
       rest = xlasim_float(left & ~xlasim_not_finite(left));  // inf - inf leaves nothing
       sum = sum + part;
@@ -185,6 +195,18 @@ static at::Tensor bf16_product(const at::Tensor& a, const at::Tensor& b, int64_t
       });
   at::Tensor out = xlasim_dot(left[0], right[n - 1]);
   for (int64_t i = 1; i < n; ++i) out.add_(xlasim_dot(left[i], right[n - 1 - i]));
+  if (n > 1 && out.isnan().any().item<bool>()) {
+    // An infinite operand: its smaller parts are zero, and 0 * inf in a grouped product is
+    // nan. XLA sums the products of the smaller parts first and lets a nan there give way to
+    // the leading product (x0 * y0), which alone carries an infinity: so here, term by term.
+    std::vector<at::Tensor> x = bf16_parts(a, n, false);
+    std::vector<at::Tensor> y = bf16_parts(b, n, false);
+    at::Tensor small = at::zeros_like(out);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = 0; i + j < n; ++j)
+        if (i + j > 0) small.add_(xlasim_dot(x[i], y[j]));
+    out = at::where(small.isnan(), at::zeros_like(small), small).add_(xlasim_dot(x[0], y[0]));
+  }
   return out;
 }
 #pragma GCC pop_options

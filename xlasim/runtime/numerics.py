@@ -8,13 +8,21 @@ convolution runs at torch_xla's mat-mul precision (``torch_xla.backends.set_mat_
   ``x0*y0 + x0*y1 + x1*y0``;
 - ``highest``: a three-way split ``x = x0 + x1 + x2``; the six products with ``i + j <= 2``.
 
+A split cuts every part but the last (``x0`` keeps ``x``'s upper 16 bits) and rounds the last
+to nearest even, as XLA splits operands for its ``BF16_BF16_F32_X3``/``_X6`` dot algorithms; a
+cut leaves up to a whole bfloat16 ulp to the next part, which is why ``high`` errs by up to
+about 2^-14 on a product, as pytorch/xla's TPU precision tests require of a TPU.
+
 The CPU kernel is the multiplier here. The passes are grouped so that fewer CPU matmuls make
 the same sums: ``x0*y0 + x0*y1 = x0*(y0 + y1)``, where ``y0 + y1`` is exact in float32 (both
 parts lie on the grid of ``y``'s own 24 bits), so ``high`` is two CPU matmuls
 (``x0*(y0 + y1) + x1*y0``) and ``highest`` three (``x0*(y0 + y1 + y2) + x1*(y0 + y1) + x2*y0``).
 A grouped product carries more than 24 bits and is rounded once more, by at most half a float32
 ulp: the same size as the float32 accumulation's own roundings, whose order XLA does not fix
-either. The splitting is one pass of the device extension (``xlasim::bf16_parts``).
+either. The splitting is one pass of the device extension (``xlasim::bf16_parts``). Where an
+operand is infinite its smaller parts are zero and a grouped ``0 * inf`` would be nan; there, as
+in XLA, the smaller parts' products are summed first, a nan among them gives way to zero, and
+the leading product ``x0*y0`` is added last.
 
 bfloat16 operands are multiplied exactly and summed in float32, then rounded once to bfloat16.
 Other dtypes (float64, float16, integers) compute as the CPU kernel does. The PJRT CPU client
@@ -77,7 +85,7 @@ def level() -> str | None:
 
 def parts(x: torch.Tensor, n: int, cumulative: bool = False) -> list[torch.Tensor]:
     """``x`` (float32) as ``n`` bfloat16 values (held in float32) whose sum is ``x``, largest
-    first, each the bfloat16 rounding of what the ones before it left; or, ``cumulative``, their
+    first, each cut from what the ones before it left (the last rounded); or, ``cumulative``, their
     running sums ``x0, x0 + x1, ...`` (exact in float32). One pass of the device extension."""
     global _split
     if _split is None:  # the device extension is loaded once a simulation starts
@@ -119,7 +127,21 @@ def _summed(product: Callable[[Any, Any], Any], a: Any, b: Any, precision: str) 
     out = terms[0]
     for t in terms[1:]:
         out = out + t
+    if len(terms) > 1 and bool(out.isnan().any()):
+        out = _term_by_term(product, a, b, precision)
     return out
+
+
+def _term_by_term(product: Callable[[Any, Any], Any], a: Any, b: Any, precision: str) -> Any:
+    """The kept products one by one, the smaller parts' first (a nan among them, from an
+    infinite operand's zero parts, gives way to zero), then ``x0*y0``: XLA's order, which the
+    grouped sum cannot keep where an operand is infinite."""
+    n = _PASSES[precision]
+    xs, ys = parts(a, n), parts(b, n)
+    small = sum(product(xs[i], ys[j]) for i in range(n) for j in range(n - i) if i + j)
+    return torch.nan_to_num(small, nan=0.0, posinf=float("inf"), neginf=float("-inf")) + product(
+        xs[0], ys[0]
+    )
 
 
 def _dtype(a: Any, b: Any) -> torch.dtype | None:
@@ -148,6 +170,14 @@ def _product(
     if dot:
         return _dot_at(a, b, precision)
     return _summed(product, a, b, precision)
+
+
+def bilinear(product: Callable[[Any, Any], Any], a: Any, b: Any) -> Any:
+    """``product(a, b)`` -- bilinear in ``a`` and ``b``, e.g. an einsum -- as the active
+    simulation's TPU computes it: for kernels that multiply on the CPU values themselves (a
+    custom op's), which the dispatcher's table above never sees."""
+    out = _product(product, a, b, level())
+    return product(a, b) if out is None else out
 
 
 def _with_bias(product: Any, bias: Any, beta: Any, alpha: Any) -> Any:

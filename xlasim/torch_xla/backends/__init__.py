@@ -18,8 +18,9 @@ logger = logging.getLogger(__name__)
 
 _VALID: Final = ("default", "high", "highest")
 
-# torch_xla 2.9 logs this on every set (facts: the text and the logger's name).
-_SET_AGAIN_WARNING: Final = (
+# torch_xla 2.9 logs this on every set (facts: the text, its module-level name, which
+# pytorch/xla's own tests read, and the logger's name).
+_WARNING_MESSAGE: Final = (
     "Setting mat mul precision multiple times is not recommended. If you need to do so, "
     "please empirically verify that the precision setting is behaving as expected."
 )
@@ -35,7 +36,7 @@ def set_mat_mul_precision(precision: Literal["default", "high", "highest"]) -> N
         raise ValueError(
             f"Invalid precision: {precision}. Must be one of {_VALID[0]}, {_VALID[1]}, {_VALID[2]}."
         )
-    logger.warning(_SET_AGAIN_WARNING)
+    logger.warning(_WARNING_MESSAGE)
     torch_xla._XLAC._xla_set_mat_mul_precision(precision)
 
 
