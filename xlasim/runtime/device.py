@@ -59,6 +59,7 @@ _PARTS_SOURCE = r"""
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <cstdint>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -195,7 +196,9 @@ static at::Tensor bf16_product(const at::Tensor& a, const at::Tensor& b, int64_t
       });
   at::Tensor out = xlasim_dot(left[0], right[n - 1]);
   for (int64_t i = 1; i < n; ++i) out.add_(xlasim_dot(left[i], right[n - 1 - i]));
-  if (n > 1 && out.isnan().any().item<bool>()) {
+  // One reduction, no mask: a nan anywhere makes the sum nan (so may infinities of both signs,
+  // and the term-by-term sum then gives the same result).
+  if (n > 1 && std::isnan(out.sum().item<double>())) {
     // An infinite operand: its smaller parts are zero, and 0 * inf in a grouped product is
     // nan. XLA sums the products of the smaller parts first and lets a nan there give way to
     // the leading product (x0 * y0), which alone carries an infinity: so here, term by term.

@@ -32,6 +32,7 @@ run with ``XLASIM_NUMERICS=exact`` -- which is *not* what a TPU computes.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -127,7 +128,7 @@ def _summed(product: Callable[[Any, Any], Any], a: Any, b: Any, precision: str) 
     out = terms[0]
     for t in terms[1:]:
         out = out + t
-    if len(terms) > 1 and bool(out.isnan().any()):
+    if len(terms) > 1 and math.isnan(out.sum().item()):  # one reduction, as in the extension
         out = _term_by_term(product, a, b, precision)
     return out
 
