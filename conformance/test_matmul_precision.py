@@ -34,11 +34,13 @@ def _cut(x: torch.Tensor) -> torch.Tensor:
 
 
 def _split(x: torch.Tensor, n: int) -> list[torch.Tensor]:
-    # As XLA splits operands for BF16_BF16_F32_X3/_X6 (xla/hlo/transforms/dot_algorithm_rewriter):
-    # every part but the last cut from what the parts before it left, the last rounded.
+    # 'high' (two parts) as XLA splits operands for BF16_BF16_F32_X3
+    # (xla/hlo/transforms/dot_algorithm_rewriter): the leading part cut, the other rounded; a
+    # TPU errs that much at 'high' (pytorch/xla's test_mat_mul_precision.py requires it), and
+    # within its 22-bit bound at 'highest', which rounding all three parts keeps.
     out, rest = [], x
     for k in range(n):
-        out.append(_bf16(rest) if k == n - 1 else _cut(rest))
+        out.append(_cut(rest) if n == 2 and k == 0 else _bf16(rest))
         rest = rest - out[-1]
     return out
 
@@ -199,10 +201,9 @@ def test_error_bounds_of_each_level(xla_target, level):
     a = _normals(256, 1, seed=3)
     # Small integers are exact in bfloat16: these products carry only a's representation error.
     exact_operand = torch.randint(1, 9, (1, 256), generator=torch.Generator().manual_seed(4))
-    for b, bound, random in zip(
+    for b, bound in zip(
         (exact_operand.float(), _normals(1, 256, seed=4)),
         _BOUNDS[level],
-        (False, True),
         strict=True,
     ):
         got = (a.to(dev) @ b.to(dev)).cpu().double()
@@ -210,7 +211,7 @@ def test_error_bounds_of_each_level(xla_target, level):
         relative = ((got - exact).abs() / exact.abs()).max().item()
         if not _is_tpu_numerics(xla_target):
             assert relative <= _U
-        elif level == "highest" and not random:
+        elif level == "highest":
             assert relative <= bound
         else:
             assert bound / 4 <= relative <= bound

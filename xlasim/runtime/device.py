@@ -89,8 +89,8 @@ static inline __attribute__((always_inline)) float xlasim_bf16(float v) {
   return xlasim_float((special & mask) | (rounded & ~mask));
 }
 
-// The leading parts of a split keep x's upper 16 bits (truncation, as XLA splits an operand for
-// its BF16_BF16_F32_X3/_X6 algorithms): what they leave is then exact in float32.
+// The leading part of a two-way split keeps x's upper 16 bits (truncation, as XLA splits an
+// operand for its BF16_BF16_F32_X3 algorithm): what it leaves is then exact in float32.
 static inline __attribute__((always_inline)) float xlasim_bf16_cut(float v) {
   uint32_t u = xlasim_bits(v);
   uint32_t special = (u | ((uint32_t)((u & 0xffffu) != 0u) << 22)) & 0xffff0000u;  // nan, inf
@@ -113,8 +113,9 @@ XLASIM_WIDE_VECTORS static void xlasim_parts(const float* __restrict s, float* _
     float sum = 0.0f;
 #pragma GCC unroll 3
     for (int k = 0; k < N; ++k) {
-      // Every part but the last is cut; the last (the only one at 'default') is rounded.
-      float part = k + 1 < N ? xlasim_bf16_cut(rest) : xlasim_bf16(rest);
+      // 'high' cuts its leading part and rounds the rest; 'highest' and 'default' round
+      // every part (see xlasim.runtime.numerics for the evidence behind each).
+      float part = (N == 2 && k == 0) ? xlasim_bf16_cut(rest) : xlasim_bf16(rest);
       uint32_t left = xlasim_bits(rest - part);
       rest = xlasim_float(left & ~xlasim_not_finite(left));  // inf - inf leaves nothing
       sum = sum + part;

@@ -8,10 +8,12 @@ convolution runs at torch_xla's mat-mul precision (``torch_xla.backends.set_mat_
   ``x0*y0 + x0*y1 + x1*y0``;
 - ``highest``: a three-way split ``x = x0 + x1 + x2``; the six products with ``i + j <= 2``.
 
-A split cuts every part but the last (``x0`` keeps ``x``'s upper 16 bits) and rounds the last
-to nearest even, as XLA splits operands for its ``BF16_BF16_F32_X3``/``_X6`` dot algorithms; a
-cut leaves up to a whole bfloat16 ulp to the next part, which is why ``high`` errs by up to
-about 2^-14 on a product, as pytorch/xla's TPU precision tests require of a TPU.
+``high`` cuts its leading part (``x0`` keeps ``x``'s upper 16 bits) and rounds the other to
+nearest even, as XLA splits operands for its ``BF16_BF16_F32_X3`` dot algorithm; the cut leaves
+up to a whole bfloat16 ulp to ``x1``, so ``high`` errs by up to about 2^-14 of a product, which
+pytorch/xla's TPU test of the precisions (``test/test_mat_mul_precision.py``) requires of a TPU.
+``highest`` rounds all three parts: cutting them too (XLA's ``_X6`` rewrite for other backends)
+errs past the 22-bit bound that the same test holds a TPU to.
 
 The CPU kernel is the multiplier here. The passes are grouped so that fewer CPU matmuls make
 the same sums: ``x0*y0 + x0*y1 = x0*(y0 + y1)``, where ``y0 + y1`` is exact in float32 (both
@@ -86,7 +88,8 @@ def level() -> str | None:
 
 def parts(x: torch.Tensor, n: int, cumulative: bool = False) -> list[torch.Tensor]:
     """``x`` (float32) as ``n`` bfloat16 values (held in float32) whose sum is ``x``, largest
-    first, each cut from what the ones before it left (the last rounded); or, ``cumulative``, their
+    first, each the bfloat16 rounding of what the ones before it left (a two-way split cuts its
+    first part instead); or, ``cumulative``, their
     running sums ``x0, x0 + x1, ...`` (exact in float32). One pass of the device extension."""
     global _split
     if _split is None:  # the device extension is loaded once a simulation starts
