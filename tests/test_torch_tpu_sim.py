@@ -446,8 +446,8 @@ def test_a_process_with_another_privateuse1_backend_is_refused() -> None:
 
 def test_seeding_after_a_torch_tpu_simulation_needs_no_tpu() -> None:
     """torch.manual_seed also seeds the renamed PrivateUse1 device's module, for the rest of the
-    process: in a later simulation that never loads TorchTPU there is no attached device to
-    seed, and seeding the CPU still works."""
+    process: in a later simulation that never loads TorchTPU there is no tpu device to seed
+    (nor one to report), and seeding the CPU still works."""
     with xlasim.simulate("2x2"):
         import torch_tpu  # noqa: F401
 
@@ -463,3 +463,5 @@ def test_seeding_after_a_torch_tpu_simulation_needs_no_tpu() -> None:
         torch.manual_seed(5)
         assert torch.equal(torch.randn(3), on_cpu)
         assert torch_xla.device().type == "xla"
+        # No tpu device here (torch.distributed.checkpoint picks its loader by this).
+        assert torch.tpu.device_count() == 0 and not torch.tpu.is_available()

@@ -83,10 +83,11 @@ class TpuDeviceModule:
 
     @classmethod
     def device_count(cls) -> int:
-        """Devices of this process: TorchTPU binds one."""
-        if tpu_device.device_count():
-            return tpu_device.device_count()
-        return hardware.get_tpu_device_count()
+        """Devices of this process: TorchTPU binds one, once loaded in this simulation. A later
+        simulation that has not loaded TorchTPU has no tpu device, even on a host with chips:
+        torch asks the renamed PrivateUse1 module for the rest of the process (torch.manual_seed,
+        torch.distributed.checkpoint's loaders), and must not find one there."""
+        return tpu_device.device_count()
 
     @classmethod
     def is_available(cls) -> bool:
