@@ -15,9 +15,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from docs_examples import DOCS, ROOT, Example, env_for, python_examples, run
 
 EXAMPLES = python_examples()
+# TorchTPU runs on torch 2.11 and newer, as the real package installs; on an older torch its
+# refusal is what tests/test_torch_tpu_torch_version.py checks.
+_NEEDS_TORCH_2_11 = {"docs/torch-tpu.md"}
 # The slice of the cluster tests/test_backend_ray_single_host.py runs ray-cluster examples on.
 CLUSTER_SLICE = ("2x4", "v6e")
 
@@ -51,6 +55,9 @@ def _text_before(example: Example) -> str:
     "example", [e for e in EXAMPLES if e.mode[0] != "ray-cluster"], ids=lambda e: e.name
 )
 def test_python_example_runs(example: Example, tmp_path: Path) -> None:
+    page = example.name.rsplit(":", 1)[0]
+    if page in _NEEDS_TORCH_2_11 and torch.__version__ < "2.11":
+        pytest.skip(f"{page} needs torch >= 2.11 (as TorchTPU does), this is {torch.__version__}")
     env = env_for(tmp_path)
     env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     result = run(_command(example, tmp_path), tmp_path, env)
