@@ -23,8 +23,8 @@ need_tpu_compiler(module_level=True)
 
 import xlasim  # noqa: E402
 from tpu_backend.topology import parse_slice  # noqa: E402
-from xlasim.runtime import libtpu_compiler as lc  # noqa: E402
 from xlasim.runtime.compiler import aten_to_jax  # noqa: E402
+from xlasim.runtime.compiler import libtpu as lc  # noqa: E402
 from xlasim.sharding.device_layout import device_attributes  # noqa: E402
 from xlasim.sharding.mesh import Mesh  # noqa: E402
 
