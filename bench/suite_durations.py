@@ -154,7 +154,7 @@ def report(cases: list[Case], top: int, workers: int) -> None:
     )
 
 
-def run_pytest(args: list[str]) -> Path:
+def run_pytest(args: list[str]) -> tuple[Path, int]:
     out = Path(tempfile.mkdtemp(prefix="suite-durations-")) / "report.xml"
     cmd = [sys.executable, "-m", "pytest", f"--junitxml={out}", *args]
     print("$", " ".join(cmd), flush=True)
@@ -167,7 +167,7 @@ def run_pytest(args: list[str]) -> Path:
     )
     if not out.exists():
         raise SystemExit("pytest wrote no report")
-    return out
+    return out, proc.returncode
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -176,17 +176,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run", action="store_true", help="run pytest (arguments after --)")
     parser.add_argument("--top", type=int, default=20, help="how many slowest tests to list")
     parser.add_argument("-n", "--workers", type=int, default=2, help="xdist workers to assume")
-    parser.add_argument("pytest_args", nargs=argparse.REMAINDER)
-    ns = parser.parse_args(argv)
-    pytest_args = [a for a in ns.pytest_args if a != "--"]
+    argv = sys.argv[1:] if argv is None else argv
+    # Everything after the first "--" is pytest's, untouched: its -n must not reach this parser.
+    split = argv.index("--") if "--" in argv else len(argv)
+    ns = parser.parse_args(argv[:split])
+    pytest_args = argv[split + 1 :]
+    rc = 0
     if ns.run:
-        path = run_pytest(pytest_args)
+        path, rc = run_pytest(pytest_args)
     elif ns.report is not None:
         path = ns.report
     else:
         parser.error("give a report, or --run -- PYTEST_ARGS")
     report(read_report(path), ns.top, ns.workers)
-    return 0
+    # A run that collected nothing or failed is reported, and its exit status kept.
+    return rc
 
 
 if __name__ == "__main__":

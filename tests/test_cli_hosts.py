@@ -331,3 +331,32 @@ def test_many_hosts_are_announced_with_the_single_process_alternative():
         "xlasim run: starting 16 host processes, one per host of v6e-64 (each loads torch); "
         "--single-process runs one for them all\n"
     )
+
+
+def test_pjrt_device_cpu_gives_each_host_torch_xlas_cpu_client():
+    """``PJRT_DEVICE=CPU`` on a TPU VM makes torch_xla create its CPU client (upstream
+    ``torch_xla/runtime.py`` picks the TPU only where the variable is unset; pytorch/xla's CPU CI
+    sets it per file): ``CPU_NUM_DEVICES`` devices computing float32 matmuls exactly, as XLA:CPU
+    does (measured on real torch_xla 2.9 CPU), not at the TPU's one-pass precision."""
+    code = textwrap.dedent(
+        """
+        import torch, torch_xla, torch_xla.runtime as xr
+        a = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
+        exact = torch.equal((a.to("xla") @ a.to("xla")).cpu(), a @ a)
+        print(xr.device_type(), xr.global_runtime_device_count(), exact)
+        """
+    )
+    argv = ("--topology", "2x2", "--", sys.executable, "-c", code)
+    out = _xlasim_run(*argv, PJRT_DEVICE="CPU", CPU_NUM_DEVICES="4")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["CPU", "4", "True"]
+    assert "xlasim run: PJRT_DEVICE=CPU: torch_xla in each host process uses that" in out.stderr
+    # Unset, the host is the simulated TPU VM's, computing at the TPU's default precision.
+    env = {k: v for k, v in _env().items() if k not in ("PJRT_DEVICE", "CPU_NUM_DEVICES")}
+    tpu = subprocess.run(
+        [sys.executable, "-m", "xlasim", "run", *argv],
+        env=env, capture_output=True, text=True, timeout=WAIT_S,
+    )  # fmt: skip
+    assert tpu.returncode == 0, tpu.stderr[-3000:]
+    assert tpu.stdout.split() == ["TPU", "4", "False"]
+    assert "PJRT_DEVICE" not in tpu.stderr

@@ -137,9 +137,16 @@ class _LazyFinder(importlib.abc.MetaPathFinder):
             if self in sys.meta_path:
                 sys.meta_path.remove(self)
             if not _entries:
-                process_wide = simulate(**self.config)
+                config = dict(self.config)
+                pjrt_device = config.pop("pjrt_device", None)
+                process_wide = simulate(**config)
                 process_wide.thread = None  # the process's own slice: every thread uses it
                 runtime = process_wide.__enter__()
+                if pjrt_device:
+                    # Started with PJRT_DEVICE set, as a program on a TPU VM can be: its
+                    # torch_xla makes that client (PJRT_DEVICE=CPU: CPU_NUM_DEVICES host
+                    # devices), not the TPU one a VM picks when nothing is set.
+                    os.environ["PJRT_DEVICE"] = pjrt_device
                 if os.environ.get(REPORT_ENV):
                     _report_at_exit(runtime)
         return _FINDER.find_spec(fullname, path, target)
@@ -361,4 +368,7 @@ def config_from_env(environ: Any = os.environ) -> dict[str, Any] | None:
         "accelerator": accelerator or None,
         "host_index": host_index,
         "single_process": single == "1",
+        # What the process was started with; empty counts as unset (Ray expands a missing
+        # variable to '').
+        "pjrt_device": (environ.get("PJRT_DEVICE") or "").strip() or None,
     }

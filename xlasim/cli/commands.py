@@ -107,6 +107,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
         for h in indexes
     ]
     check_runtime_knobs(envs[0])  # a bad knob fails here, not in the children at first use
+    pjrt_device = (os.environ.get("PJRT_DEVICE") or "").strip()
+    if pjrt_device and pjrt_device != "TPU":
+        # Honoured, as on a TPU VM (pytorch/xla's CPU CI sets it per file), but easy to have
+        # left set in a shell: say what it does to the simulated hosts.
+        print(
+            f"xlasim run: PJRT_DEVICE={pjrt_device}: torch_xla in each host process uses that "
+            "PJRT client, as on a TPU VM, not the simulated TPU; unset PJRT_DEVICE for the TPU",
+            file=sys.stderr,
+        )
     if args.single_process:
         envs[0][SINGLE_PROCESS_ENV] = "1"
     if len(indexes) > 1:

@@ -173,6 +173,10 @@ def host_node_args(
         )
         if hosts_addr is not None:
             env["XLASIM_NODE_HOSTS_ADDR"] = hosts_addr
+        # A TPU VM's own environment, not the driver machine's: a PJRT_DEVICE=CPU set where
+        # the cluster was started (for a real torch_xla on CPU) would make every simulated
+        # worker a CPU client. A job that wants that sets it in its runtime_env.
+        env["PJRT_DEVICE"] = ""
     # Workers must import this project (backend functions are pickled by reference) even
     # when it is not installed into the interpreter Ray starts them with.
     pythonpath = [_PROJECT_ROOT, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
