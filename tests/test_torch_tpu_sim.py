@@ -465,3 +465,19 @@ def test_seeding_after_a_torch_tpu_simulation_needs_no_tpu() -> None:
         assert torch_xla.device().type == "xla"
         # No tpu device here (torch.distributed.checkpoint picks its loader by this).
         assert torch.tpu.device_count() == 0 and not torch.tpu.is_available()
+
+
+def test_the_device_is_the_chip_tpu_visible_chips_names(
+    tpu: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Ray gives a worker holding {"TPU": 1} one chip through TPU_VISIBLE_CHIPS (Ray 2.60's
+    # TPUAcceleratorManager); the process's one device is that chip.
+    import torch_tpu._internal.utils.hardware as hardware
+
+    monkeypatch.delenv("TPU_VISIBLE_CHIPS", raising=False)
+    assert hardware.bound_chip() == 0
+    monkeypatch.setenv("TPU_VISIBLE_CHIPS", "3")
+    assert hardware.bound_chip() == 3
+    monkeypatch.setenv("TPU_VISIBLE_CHIPS", "4")
+    with pytest.raises(ValueError, match=r"a host of v6e-4 has chips 0\.\.3"):
+        hardware.bound_chip()

@@ -87,6 +87,7 @@ def _tpu_get_precision() -> str:
 
 def _init_device_impl(device: str) -> torch.device:
     assert device == "tpu"  # the only device TorchTPU knows
+    hardware.bound_chip()  # a chip the host lacks fails the load, not a later op
     session.attach_tpu(state.current())
     with contextlib.suppress(NotImplementedError):
         get_interface_for_device(device)  # torch's own entry first, so ours replaces it
