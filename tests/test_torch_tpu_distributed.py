@@ -1,7 +1,7 @@
 """torch.distributed on the simulated TorchTPU: the ``tpu_dist`` backend's collectives, DDP,
 DeviceMesh, DTensor and FSDP2 on ``tpu`` tensors between real processes.
 
-Four processes (``torch.multiprocessing`` spawn) on a simulated v6e 2x2 host, one chip each as
+Two processes (``torch.multiprocessing`` spawn) on a simulated v6e 2x2 host, one chip each as
 TorchTPU runs them, each with the ``tpu_dist`` default group and a CPU gloo group over the same
 ranks. Every collective runs on both with the same values: PyTorch's gloo on CPU tensors is the
 reference, as TorchTPU's backend is registered for these collectives under the same
@@ -36,7 +36,7 @@ pytestmark = [
     ),
 ]
 
-WORLD = 4
+WORLD = 2
 SPAWN_TIMEOUT_S = 240
 COLLECTIVE_TIMEOUT = datetime.timedelta(seconds=60)
 GLOBAL_BATCH = 16
@@ -93,7 +93,7 @@ def _collectives(rank: int, device: str, group: Any) -> dict[str, Any]:
     dist.broadcast(b, src=1, group=group)
     out["broadcast"] = b.cpu()
     r = on(_values(rank))
-    dist.reduce(r, dst=2, group=group)
+    dist.reduce(r, dst=WORLD - 1, group=group)
     out["reduce"] = r.cpu()
 
     received = [on(torch.empty(2)) for _ in range(WORLD)]
@@ -206,6 +206,7 @@ def _parallel(rank: int, cpu_group: Any) -> dict[str, Any]:
 
 
 def _worker(rank: int, port: int, out_dir: str) -> None:
+    os.environ["TPU_VISIBLE_CHIPS"] = str(rank)  # one chip per process, as launchers give it
     with xlasim.simulate("2x2"):  # a v6e host with 4 chips
         import torch_tpu  # noqa: F401
 
@@ -219,8 +220,13 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
             timeout=COLLECTIVE_TIMEOUT,
         )
         cpu_group = dist.new_group(backend="gloo", timeout=COLLECTIVE_TIMEOUT)
+        # The other name TorchTPU registers, for a group beside the default one.
+        tpu_group = dist.new_group(backend="tpu", timeout=COLLECTIVE_TIMEOUT)
+        ones = torch.ones(2, device="tpu")
+        dist.all_reduce(ones, group=tpu_group)
         results: dict[str, Any] = {
             "backend": dist.get_backend(),
+            "tpu_group": (dist.get_backend(tpu_group), ones.cpu()),
             "tpu": {
                 **_collectives(rank, "tpu", None),
                 **_functional(rank, "tpu", dist.group.WORLD),
@@ -241,7 +247,7 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    """What each of the four processes computed."""
+    """What each of the processes computed."""
     out_dir = tmp_path_factory.mktemp("tpu_dist")
     context = mp.start_processes(
         _worker, args=(_free_port(), str(out_dir)), nprocs=WORLD, join=False, start_method="spawn"
@@ -259,8 +265,12 @@ def ranks(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     return [torch.load(out_dir / f"{r}.pt", weights_only=False) for r in range(WORLD)]
 
 
-def test_the_default_group_is_tpu_dist(ranks: list[dict[str, Any]]) -> None:
+def test_the_default_group_is_tpu_dist_and_tpu_names_one_too(ranks: list[dict[str, Any]]) -> None:
     assert {r["backend"] for r in ranks} == {"tpu_dist"}
+    for r in ranks:
+        name, summed = r["tpu_group"]
+        assert name == "tpu"
+        torch.testing.assert_close(summed, torch.full((2,), float(WORLD)))
 
 
 @pytest.mark.parametrize(
@@ -290,13 +300,13 @@ def test_collective_equals_gloo_on_cpu(ranks: list[dict[str, Any]], name: str) -
         torch.testing.assert_close(r["tpu"][name], r["cpu"][name], rtol=0, atol=0, msg=name)
         # The values really went between processes (to all but a broadcast's source, to a
         # reduction's destination).
-        if not (name == "broadcast" and rank == 1 or name == "reduce" and rank != 2):
+        if not (name == "broadcast" and rank == 1 or name == "reduce" and rank != WORLD - 1):
             assert not torch.equal(r["tpu"][name], _values(rank, r["tpu"][name].dtype)), name
 
 
 def test_a_known_value(ranks: list[dict[str, Any]]) -> None:
-    # 0..5 times (r + 1) minus r, summed over four ranks: 10 * i - 6.
-    expected = torch.arange(6, dtype=torch.float32) * 10 - 6
+    # 0..5 times (r + 1) minus r, summed over ranks 0 and 1: 3 * i - 1.
+    expected = torch.arange(6, dtype=torch.float32) * 3 - 1
     for r in ranks:
         torch.testing.assert_close(r["tpu"]["all_reduce_SUM"], expected)
 

@@ -481,3 +481,26 @@ def test_the_device_is_the_chip_tpu_visible_chips_names(
     monkeypatch.setenv("TPU_VISIBLE_CHIPS", "4")
     with pytest.raises(ValueError, match=r"a host of v6e-4 has chips 0\.\.3"):
         hardware.bound_chip()
+
+
+def test_the_first_process_group_spans_world_size(
+    tpu: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # TorchTPU 0.2.0's ProcessGroupTpu (its C++ runtime's message): the first group of a
+    # process covers the WORLD_SIZE processes the launcher started.
+    import torch.distributed as dist
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(
+        RuntimeError, match=r"must be of size WORLD_SIZE \(expected size 2, got 1\)"
+    ):
+        dist.init_process_group("tpu_dist", store=dist.HashStore(), rank=0, world_size=1)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    dist.init_process_group("tpu_dist", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        t = torch.arange(3.0, device="tpu")
+        dist.all_reduce(t)
+        assert t.device.type == "tpu" and dist.get_backend() == "tpu_dist"
+        torch.testing.assert_close(t.cpu(), torch.arange(3.0))
+    finally:
+        dist.destroy_process_group()

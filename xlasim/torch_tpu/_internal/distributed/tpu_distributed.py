@@ -13,6 +13,7 @@ group whose only backend is registered for ``tpu``.
 from __future__ import annotations
 
 import datetime
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -253,11 +254,29 @@ class ProcessGroupTpu(_ProcessGroup):
         self._gloo.abort()
 
 
+_first_created = False
+
+
+def _check_first_size(size: int) -> None:
+    """TorchTPU lays its first group over every process of the job (``WORLD_SIZE``, as
+    launchers set it); a first group of another size is its error."""
+    world = os.environ.get("WORLD_SIZE", "")
+    if not _first_created and world.isdigit() and int(world) != size:
+        raise RuntimeError(
+            "the first initialized ProcessGroupTpu must be of size WORLD_SIZE "
+            f"(expected size {int(world)}, got {size})"
+        )
+
+
 def _creator(backend_name: str) -> Any:
     def create_process_group(
         store: dist.Store, rank: int, size: int, timeout: datetime.timedelta
     ) -> ProcessGroupTpu:
-        return ProcessGroupTpu(store, rank, size, timeout, backend_name)
+        global _first_created
+        _check_first_size(size)
+        group = ProcessGroupTpu(store, rank, size, timeout, backend_name)
+        _first_created = True
+        return group
 
     create_process_group.__name__ = "create_process_group"
     return create_process_group
