@@ -8,6 +8,12 @@ themselves (no copy, in-place results land in them) and the processes exchange r
 over loopback, with gloo's tested algorithms, reduce ops, timeouts and errors, rather than
 collective code of our own. Tensors of other devices have no backend in such a group, as in a
 group whose only backend is registered for ``tpu``.
+
+It is a Python subclass of ``ProcessGroup`` (torch's c10d ``Backend`` cannot be subclassed in
+Python): torch's trampoline sends the C++ callers (DDP's reducer, the functional collectives)
+to the methods here as well as ``torch.distributed``'s Python API. gloo has no coalesced
+all-gather or reduce-scatter of flat tensors and no list all-to-all; those run as several of
+gloo's collectives and return once done.
 """
 
 from __future__ import annotations
@@ -101,7 +107,6 @@ class ProcessGroupTpu(_ProcessGroup):
         options = _Gloo._Options()
         options._timeout = timeout
         options._devices = [_Gloo.create_device(hostname=_LOOPBACK)]
-        options._threads = 2
         self._gloo = _Gloo(store, rank, size, options)
         # gloo stands as the group's backend of the tpu device: the group's name, description
         # and device types are kept there, as in a group torch assembles from a backend.
