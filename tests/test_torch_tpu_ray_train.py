@@ -84,7 +84,9 @@ def _train_loop(config: dict[str, Any]) -> None:
         "model": type(model).__name__,
         "visible_chips": os.environ.get("TPU_VISIBLE_CHIPS"),
         "bound_chip": hardware.bound_chip(),
-        "device_count": torch.tpu.device_count(),
+        # torch.accelerator, not torch.tpu: a driver that has loaded TorchTPU (an earlier test
+        # in this process) would have cloudpickle copy torch.tpu's modules by value.
+        "device_count": torch.accelerator.device_count(),
         "losses": losses,
     }
     rank = context.get_world_rank()
