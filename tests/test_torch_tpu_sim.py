@@ -465,3 +465,42 @@ def test_seeding_after_a_torch_tpu_simulation_needs_no_tpu() -> None:
         assert torch_xla.device().type == "xla"
         # No tpu device here (torch.distributed.checkpoint picks its loader by this).
         assert torch.tpu.device_count() == 0 and not torch.tpu.is_available()
+
+
+def test_the_device_is_the_chip_tpu_visible_chips_names(
+    tpu: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Ray gives a worker holding {"TPU": 1} one chip through TPU_VISIBLE_CHIPS (Ray 2.60's
+    # TPUAcceleratorManager); the process's one device is that chip.
+    import torch_tpu._internal.utils.hardware as hardware
+
+    monkeypatch.delenv("TPU_VISIBLE_CHIPS", raising=False)
+    assert hardware.bound_chip() == 0
+    monkeypatch.setenv("TPU_VISIBLE_CHIPS", "3")
+    assert hardware.bound_chip() == 3
+    monkeypatch.setenv("TPU_VISIBLE_CHIPS", "4")
+    with pytest.raises(ValueError, match=r"a host of v6e-4 has chips 0\.\.3"):
+        hardware.bound_chip()
+
+
+def test_the_first_process_group_spans_world_size(
+    tpu: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # TorchTPU 0.2.0's ProcessGroupTpu (its C++ runtime's message): the first group of a
+    # process covers the WORLD_SIZE processes the launcher started.
+    import torch.distributed as dist
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(
+        RuntimeError, match=r"must be of size WORLD_SIZE \(expected size 2, got 1\)"
+    ):
+        dist.init_process_group("tpu_dist", store=dist.HashStore(), rank=0, world_size=1)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    dist.init_process_group("tpu_dist", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        t = torch.arange(3.0, device="tpu")
+        dist.all_reduce(t)
+        assert t.device.type == "tpu" and dist.get_backend() == "tpu_dist"
+        torch.testing.assert_close(t.cpu(), torch.arange(3.0))
+    finally:
+        dist.destroy_process_group()

@@ -27,6 +27,7 @@ from torch._dynamo.device_interface import (
 )
 from torch_tpu._internal import public_api
 from torch_tpu._internal.device import _device_module
+from torch_tpu._internal.distributed import tpu_distributed
 from torch_tpu._internal.utils import hardware
 
 from xlasim.runtime import session, state, tpu_device
@@ -55,21 +56,6 @@ class TpuDeviceInterface(_device_module.TpuDeviceModule, DeviceInterface):
     @staticmethod
     def is_gpu() -> bool:
         return False
-
-
-def _process_group_not_simulated(*args: Any, **kwargs: Any) -> Any:
-    raise NotImplementedError(
-        f"torch.distributed with the TorchTPU backends {public_api.NOT_SIMULATED}"
-    )
-
-
-def _register_process_groups() -> None:
-    registered = torch.distributed.Backend.backend_list
-    for name in ("tpu_dist", "tpu"):
-        if name not in registered:
-            torch.distributed.Backend.register_backend(
-                name, _process_group_not_simulated, devices=["tpu"]
-            )
 
 
 _torch_set_precision = torch.set_float32_matmul_precision
@@ -101,6 +87,7 @@ def _tpu_get_precision() -> str:
 
 def _init_device_impl(device: str) -> torch.device:
     assert device == "tpu"  # the only device TorchTPU knows
+    hardware.bound_chip()  # a chip the host lacks fails the load, not a later op
     session.attach_tpu(state.current())
     with contextlib.suppress(NotImplementedError):
         get_interface_for_device(device)  # torch's own entry first, so ours replaces it
@@ -110,7 +97,7 @@ def _init_device_impl(device: str) -> torch.device:
         delattr(torch, device)  # installed on import; registering puts it back
     torch._register_device_module(device, module)
     if torch.distributed.is_available():
-        _register_process_groups()
+        tpu_distributed.register()
     torch.set_float32_matmul_precision = _tpu_set_precision
     torch.get_float32_matmul_precision = _tpu_get_precision
     compile_backend.install()

@@ -1,0 +1,1 @@
+"""The simulated TorchTPU's ``torch.distributed`` backends."""
