@@ -22,7 +22,13 @@ from types import ModuleType
 from typing import Any, TypeVar
 
 from tpu_backend.machine import real_torch_xla_loaded
-from tpu_backend.topology import SliceSpec, parse_slice, tpu_host_env
+from tpu_backend.topology import (
+    SliceSpec,
+    check_num_slices,
+    check_slice_index,
+    parse_slice,
+    tpu_host_env,
+)
 from xlasim.runtime.settings import (
     REPORT_ENV,
     EnvError,
@@ -213,6 +219,9 @@ class simulate:  # noqa: N801 - used like a function: `with xlasim.simulate(...)
             docs/will-it-fit.md); ``None``: from ``XLASIM_COMPILER``.
         dry_run: ``True`` runs on shapes only, computing no values; ``None``: from
             ``XLASIM_DRY_RUN``.
+        num_slices: slices of ``topology`` joined over DCN (a multislice job; each slice has
+            the topology's hosts and chips, device ids run slice by slice).
+        slice_index: which slice this process's host belongs to.
     """
 
     def __init__(
@@ -225,10 +234,14 @@ class simulate:  # noqa: N801 - used like a function: `with xlasim.simulate(...)
         *,
         compiler: str | None = None,
         dry_run: bool | None = None,
+        num_slices: int = 1,
+        slice_index: int = 0,
     ) -> None:
         self.spec = parse_slice(topology, accelerator)
-        # Validates the host index now, before anything (torch included) is loaded.
+        # Validates the host and slice now, before anything (torch included) is loaded.
         tpu_host_env(self.spec, host_index)
+        self.num_slices = check_num_slices(num_slices)
+        self.slice_index = check_slice_index(slice_index, num_slices)
         for name, flag in (("spmd", spmd), ("single_process", single_process)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be True or False, got {type(flag).__name__} {flag!r}")
@@ -257,6 +270,8 @@ class simulate:  # noqa: N801 - used like a function: `with xlasim.simulate(...)
                     self.single_process,
                     compiler=self.compiler,
                     dry_run=self.dry_run,
+                    num_slices=self.num_slices,
+                    slice_index=self.slice_index,
                 )
             except BaseException:
                 if outermost:
@@ -320,6 +335,11 @@ def activate_from_env(environ: os._Environ[str] | dict[str, str] = os.environ) -
 
 
 ACTIVATION_ENV = ("XLASIM_TOPOLOGY", "XLASIM_ACCELERATOR", "XLASIM_HOST_INDEX")
+# Several slices: how many, and which one this host is in.  Unset, they follow the multislice
+# variables the host got from Ray or GKE (MEGASCALE_NUM_SLICES, MEGASCALE_SLICE_ID).
+NUM_SLICES_ENV = "XLASIM_NUM_SLICES"
+SLICE_INDEX_ENV = "XLASIM_SLICE_INDEX"
+_SLICE_VARS = ((NUM_SLICES_ENV, "MEGASCALE_NUM_SLICES"), (SLICE_INDEX_ENV, "MEGASCALE_SLICE_ID"))
 
 
 def config_from_env(environ: Any = os.environ) -> dict[str, Any] | None:
@@ -356,9 +376,26 @@ def config_from_env(environ: Any = os.environ) -> dict[str, Any] | None:
     single = (environ.get(SINGLE_PROCESS_ENV) or "0").strip()
     if single not in ("0", "1"):
         raise EnvError(f"{SINGLE_PROCESS_ENV}={single!r} is not valid: expected 0 or 1")
+    num_slices, slice_index = _slices_from_env(environ)
     return {
         "topology": topology,
         "accelerator": accelerator or None,
         "host_index": host_index,
         "single_process": single == "1",
+        "num_slices": num_slices,
+        "slice_index": slice_index,
     }
+
+
+def _slices_from_env(environ: Any) -> tuple[int, int]:
+    """(slices, this host's slice) from ``XLASIM_*`` or else the ``MEGASCALE_*`` variables."""
+    values: list[int] = []
+    for (own, megascale), minimum in zip(_SLICE_VARS, (1, 0), strict=True):
+        name = own if (environ.get(own) or "").strip() else megascale
+        values.append(env_int(name, minimum, minimum=minimum, environ=environ))
+    num_slices, slice_index = values
+    try:
+        check_slice_index(slice_index, num_slices)
+    except ValueError as exc:
+        raise EnvError(f"{SLICE_INDEX_ENV} / MEGASCALE_SLICE_ID: {exc}") from None
+    return num_slices, slice_index
