@@ -15,6 +15,9 @@ Facts and where they come from:
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import textwrap
 
 import pytest
 import torch
@@ -306,3 +309,59 @@ def test_describe_without_slices_is_unchanged(capsys, monkeypatch):
     assert commands.main(["describe", "2x2x1", "--accelerator", "v4"]) == 0
     out = capsys.readouterr().out
     assert "slice 0" not in out and "MEGASCALE" not in out and "(data=4)" in out
+
+
+# -- `xlasim run --num-slices`: one process per host of every slice -----------------------------
+
+HYBRID_TRAIN = textwrap.dedent(
+    """
+    import os, torch, torch_xla
+    import torch_xla.core.xla_model as xm
+    import torch_xla.distributed.spmd as xs
+    import torch_xla.runtime as xr
+
+    xr.use_spmd()
+    n, count, me = xr.global_runtime_device_count(), xr.process_count(), xr.process_index()
+    slices = int(os.environ["MEGASCALE_NUM_SLICES"])
+    mesh = xs.HybridMesh(
+        ici_mesh_shape=(1, n // slices), dcn_mesh_shape=(slices, 1), axis_names=("dcn", "data")
+    )
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(4 * n, 8, generator=g), torch.randn(4 * n, 1, generator=g)
+    part = slice(me * x.shape[0] // count, (me + 1) * x.shape[0] // count)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 1).to(torch_xla.device())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    spec = xs.ShardingSpec(mesh, (("dcn", "data"), None), minibatch=True)
+    for step in range(2):
+        xb, yb = xm.send_cpu_data_to_device([x[part], y[part]], torch_xla.device(), spec)
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(xb), yb)
+        loss.backward()
+        opt.step()
+        torch_xla.sync()
+        print(f"slice {os.environ['MEGASCALE_SLICE_ID']} process {me} of {count} loss "
+              f"{loss.item()!r}", flush=True)
+    """
+)
+
+
+@pytest.mark.mat_mul_precision("highest")
+def test_xlasim_run_starts_every_host_of_every_slice_and_trains_on_the_global_batch():
+    # The one host of each slice feeds its half of the global batch; the losses are those of
+    # one slice (or eager CPU) on the whole global batch.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("XLASIM_", "MEGASCALE_"))}
+    env["XLASIM_MAT_MUL_PRECISION"] = "highest"
+    out = subprocess.run(
+        [sys.executable, "-m", "xlasim", "run", "--topology", "2x2x1", "--accelerator", "v4",
+         "--num-slices", "2", "--all-output", "--", sys.executable, "-c", HYBRID_TRAIN],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    by_process = {
+        p: [float(x.rsplit(" ", 1)[1]) for x in lines if f"] slice {p} process {p} of 2" in x]
+        for p in (0, 1)
+    }
+    assert by_process[0] == by_process[1]
+    assert by_process[0] == pytest.approx(eager_sgd(8)[0], rel=1e-6)
