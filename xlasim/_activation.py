@@ -143,7 +143,12 @@ class _LazyFinder(importlib.abc.MetaPathFinder):
             if self in sys.meta_path:
                 sys.meta_path.remove(self)
             if not _entries:
-                process_wide = simulate(**self.config)
+                # The slice variables are read now, not at interpreter start: a multislice job's
+                # MEGASCALE_* variables may be set after start-up (Ray Train's backend sets them
+                # on its workers before they import torch_xla).
+                slices = _slices_from_env(os.environ)
+                config = {**self.config, "num_slices": slices[0], "slice_index": slices[1]}
+                process_wide = simulate(**config)
                 process_wide.thread = None  # the process's own slice: every thread uses it
                 runtime = process_wide.__enter__()
                 if os.environ.get(REPORT_ENV):
