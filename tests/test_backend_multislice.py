@@ -105,6 +105,8 @@ def test_slices_by_name_then_hosts_by_worker_id():
         (0, 1, 1),
     ]
     assert {a.process_count for a in got} == {4}
+    # the compilation cache tells hosts apart by their number in the whole run
+    assert [a.job_host for a in got] == [3, 0, 2, 1]
 
 
 def test_slice_assignment_errors_name_what_is_wrong():

@@ -14,6 +14,7 @@ Facts and where they come from:
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import subprocess
 import sys
@@ -33,6 +34,8 @@ from tpu_backend.topology import (
 from xlasim._activation import config_from_env
 from xlasim.cli import commands
 from xlasim.runtime.settings import EnvError
+
+pytest_plugins = ["pytester"]
 
 V4_8_TWICE = {"topology": "2x2x1", "accelerator": "v4", "num_slices": 2, "single_process": True}
 
@@ -365,3 +368,32 @@ def test_xlasim_run_starts_every_host_of_every_slice_and_trains_on_the_global_ba
     }
     assert by_process[0] == by_process[1]
     assert by_process[0] == pytest.approx(eager_sgd(8)[0], rel=1e-6)
+
+
+# -- the pytest plugin's option -------------------------------------------------------------------
+
+
+def _inner(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    installed = any(
+        ep.value == "xlasim.pytest_plugin"
+        for ep in importlib.metadata.entry_points(group="pytest11")
+    )
+    load = [] if installed else ["-p", "xlasim.pytest_plugin"]
+    return pytester.runpytest(*load, "-p", "no:cacheprovider", "-p", "no:randomly", "-rA", *args)
+
+
+def test_the_num_slices_option_is_checked_and_reaches_the_targets(pytester):
+    pytester.makepyfile(
+        """
+        def test_a(xla_target):
+            assert xla_target.num_slices == 2 and xla_target.num_hosts == 2
+        """
+    )
+    # The real targets run one slice: they skip, saying why (no subprocess is started).
+    result = _inner(pytester, "--topology", "2x2x1", "--accelerator", "v4", "--num-slices",
+                    "2", "--xla-targets", "xla_cpu,tpu")  # fmt: skip
+    result.assert_outcomes(skipped=2)
+    result.stdout.fnmatch_lines(["*it runs on one slice, and this test asks for 2 slices*"])
+    bad = _inner(pytester, "--num-slices", "0")
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR
+    bad.stderr.fnmatch_lines(["*--num-slices '0' is not valid: expected a whole number >= 1*"])

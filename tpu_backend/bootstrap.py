@@ -175,6 +175,13 @@ class HostAssignment:
     slice_index: int = 0
     """Which slice of a multislice run the host belongs to (``host_index`` is per slice)."""
 
+    @property
+    def job_host(self) -> int:
+        """The host's number in the whole run, unique across slices (where host indices
+        repeat): under SPMD its process index (slice by slice; ``host_index`` on one slice),
+        with one process per chip its host index."""
+        return self.host_index if self.local_world_size > 1 else self.process_index
+
 
 def assign_slices(
     probes: list[HostProbe], spec: SliceSpec, num_slices: int
@@ -422,7 +429,7 @@ def bootstrap_worker(b: WorkerBootstrap) -> dict[str, Any]:
         cache_path, _ = compile_cache.initialize_cache(
             b.cache_dir,
             spec=b.spec,
-            host_index=a.host_index,
+            host_index=a.job_host,
             readonly=b.cache_readonly,  # type: ignore[arg-type]
             visible=b.cache_visible,
         )

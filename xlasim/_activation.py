@@ -256,6 +256,11 @@ class simulate:  # noqa: N801 - used like a function: `with xlasim.simulate(...)
         self.spmd = spmd
         self.single_process = single_process
         self.compiler = resolve_compiler(compiler)
+        if self.compiler is not None and num_slices > 1:
+            raise NotImplementedError(
+                f"xlasim compiles with compiler={self.compiler!r} for one slice; a multislice "
+                f"job (num_slices={num_slices}) is not simulated with the real compiler"
+            )
         self.dry_run = resolve_dry_run(dry_run)
         self._runtimes: list[Any] = []
         self.thread: threading.Thread | None = threading.current_thread()
@@ -345,6 +350,7 @@ ACTIVATION_ENV = ("XLASIM_TOPOLOGY", "XLASIM_ACCELERATOR", "XLASIM_HOST_INDEX")
 NUM_SLICES_ENV = "XLASIM_NUM_SLICES"
 SLICE_INDEX_ENV = "XLASIM_SLICE_INDEX"
 _SLICE_VARS = ((NUM_SLICES_ENV, "MEGASCALE_NUM_SLICES"), (SLICE_INDEX_ENV, "MEGASCALE_SLICE_ID"))
+_SLICE_OWN = (NUM_SLICES_ENV, SLICE_INDEX_ENV)
 
 
 def config_from_env(environ: Any = os.environ) -> dict[str, Any] | None:
@@ -354,7 +360,7 @@ def config_from_env(environ: Any = os.environ) -> dict[str, Any] | None:
     ``XLASIM_TOPOLOGY`` set to '' turns the simulation off whatever else is set: that is how a
     job on a simulated cluster runs some workers as plain hosts.
     """
-    values = {k: (environ.get(k) or "").strip() for k in ACTIVATION_ENV}
+    values = {k: (environ.get(k) or "").strip() for k in (*ACTIVATION_ENV, *_SLICE_OWN)}
     topology, accelerator, host = (values[k] for k in ACTIVATION_ENV)
     if "XLASIM_TOPOLOGY" in environ and not topology:
         return None
