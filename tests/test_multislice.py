@@ -251,6 +251,8 @@ def test_slices_from_the_environment_xlasim_first_then_megascale():
         EnvError, match=r"XLASIM_NUM_SLICES='0' is not valid: expected a whole number >= 1"
     ):
         config_from_env({**base, "XLASIM_NUM_SLICES": "0"})
+    with pytest.raises(EnvError, match=r"XLASIM_NUM_SLICES='2' set without XLASIM_TOPOLOGY"):
+        config_from_env({"XLASIM_NUM_SLICES": "2"})
     with pytest.raises(EnvError, match=r"XLASIM_NUM_SLICES='two' is not valid"):
         config_from_env({**base, "XLASIM_NUM_SLICES": "two"})
     with pytest.raises(

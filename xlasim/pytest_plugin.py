@@ -216,9 +216,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "tpu: runs on a real TPU")
     config.addinivalue_line(
         "markers",
-        "topology(topology, accelerator=None, num_slices=1): the slice this test runs on, "
-        "and how many of it are joined over DCN (overrides --topology/--accelerator/"
-        "--num-slices)",
+        "topology(topology, accelerator=None): the slice this test runs on "
+        "(overrides --topology/--accelerator); num_slices=N: N of them joined over DCN "
+        "(overrides --num-slices)",
     )
     config.addinivalue_line(
         "markers",
@@ -278,10 +278,13 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 def pytest_report_header(config: pytest.Config) -> str | None:
     spec = parse_slice(config.getoption("xla_topology"), config.getoption("xla_accelerator"))
-    if spec.num_hosts == 1:
+    slices = _option_num_slices(config)
+    hosts = spec.num_hosts * slices
+    if hosts == 1:
         return None
+    what = f"{slices} slices of {spec.pod_type} have" if slices > 1 else f"{spec.pod_type} has"
     return (
-        f"xlasim: {spec.pod_type} has {spec.num_hosts} hosts; each sim-target test is one "
+        f"xlasim: {what} {hosts} hosts; each sim-target test is one "
         "process standing for all of them (host 0; the others enter the same data)"
     )
 
@@ -363,7 +366,8 @@ def _slice_for(node: pytest.Item, config: pytest.Config) -> SliceSpec:
     if unknown or len(args) > 2 or (not args and "topology" not in kwargs):
         raise TypeError(
             f"@pytest.mark.topology{tuple(args)!r} {kwargs!r}: expected "
-            "topology(topology: str, accelerator: str | None = None, num_slices: int = 1), e.g. "
+            "topology(topology: str, accelerator: str | None = None) and an optional "
+            "num_slices: int keyword, e.g. "
             "@pytest.mark.topology('2x2x2', accelerator='v4')"
         )
     topology = args[0] if args else kwargs["topology"]
