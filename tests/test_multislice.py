@@ -101,6 +101,8 @@ def test_device_attributes_match_the_documented_two_v4_8_slices():
         got = xr.global_runtime_device_attributes()
         assert [{k: a[k] for k in ("slice_index", "coords", "name")} for a in got] == documented
         assert all(a["core_on_chip"] == 0 and a["num_cores"] == 1 for a in got)
+        # printed in the documented key order
+        assert list(got[0]) == ["num_cores", "core_on_chip", "slice_index", "coords", "name"]
 
 
 def test_one_slice_reports_no_slice_index_and_no_megascale_variables():
