@@ -42,6 +42,9 @@ V4_8_TWICE = {"topology": "2x2x1", "accelerator": "v4", "num_slices": 2, "single
 # (topology, accelerator, slices, ici, dcn) -> HybridMesh.get_logical_mesh() on real
 # torch_xla 2.9 (see the module docstring).
 REAL_HYBRID_MESHES = [
+    # the example of HybridMesh's docstring: 2 slices of v4-8, (data, fsdp, tensor)
+    ("2x2x1", "v4", 2, (1, 4, 1), (2, 1, 1), [[[0], [2], [1], [3]], [[4], [6], [5], [7]]]),
+    ("2x2x1", "v5p", 2, (2, 2), (1, 2), [[0, 1, 4, 5], [2, 3, 6, 7]]),
     ("2x2x1", "v4", 2, (1, 4), (2, 1), [[0, 2, 1, 3], [4, 6, 5, 7]]),
     ("2x2x1", "v4", 2, (2, 2), (2, 1), [[0, 1], [2, 3], [4, 5], [6, 7]]),
     ("2x2x1", "v4", 2, (4, 1), (1, 2), [[0, 4], [2, 6], [1, 5], [3, 7]]),
@@ -148,6 +151,17 @@ def test_hybrid_mesh_orders_devices_as_real_torch_xla(
 
         mesh = xs.HybridMesh(ici_mesh_shape=ici, dcn_mesh_shape=dcn)
         assert mesh.get_logical_mesh().tolist() == expected
+
+
+def test_hybrid_mesh_lays_out_chips_not_devices_as_real_torch_xla():
+    # v7x chips hold 2 devices at one coordinate: real torch_xla 2.9 refuses this mesh so.
+    with xlasim.simulate("2x2x1", "v7x", num_slices=2, single_process=True):
+        import torch_xla.distributed.spmd as xs
+
+        with pytest.raises(
+            ValueError, match=r"physical mesh \(2, 2, 1\) does not match .* \(1, 8\)"
+        ):
+            xs.HybridMesh(ici_mesh_shape=(1, 8), dcn_mesh_shape=(2, 1))
 
 
 def test_hybrid_mesh_needs_a_dcn_shape_across_slices():
