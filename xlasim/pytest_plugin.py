@@ -99,7 +99,8 @@ class XlaTarget:
         return self.spec.devices_per_host
 
     def __str__(self) -> str:
-        return f"{self.name} ({self.spec.pod_type}, topology {self.spec.topology})"
+        slices = f"{self.num_slices} x " if self.num_slices > 1 else ""
+        return f"{self.name} ({slices}{self.spec.pod_type}, topology {self.spec.topology})"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -347,8 +348,9 @@ def _option_num_slices(config: pytest.Config) -> int:
 
 def _num_slices_for(node: pytest.Item, config: pytest.Config) -> int:
     marker = node.get_closest_marker("topology")
-    if marker is not None and "num_slices" in marker.kwargs:
-        return check_num_slices(marker.kwargs["num_slices"])
+    if marker is not None:
+        # A mark names the whole target: one slice unless it says more.
+        return check_num_slices(marker.kwargs.get("num_slices", 1))
     return _option_num_slices(config)
 
 
