@@ -39,6 +39,7 @@ RAY_MODULES = (
     "test_seamless.py",  # v6e-4, then v4-16
     "test_ray_faults.py",  # v4-16
     "test_backend_ray_multi_host.py",  # v4-16, then v6e-16
+    "test_backend_ray_multislice.py",  # 2 x v4-8
 )
 """The modules that start Ray clusters, in the order they run (after every other module):
 tests on the same slice one after the other, so a kept cluster serves them all."""

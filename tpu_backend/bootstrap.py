@@ -34,12 +34,20 @@ import torch.distributed as dist
 from tpu_backend import compile_cache, context, ray_devices
 from tpu_backend.mesh import (
     MeshPlan,
+    build_hybrid_mesh,
     build_mesh,
     host_major_device_ids,
     local_device_ids,
     plan_mesh,
 )
-from tpu_backend.topology import SliceSpec, parse_slice, tpu_host_env
+from tpu_backend.topology import (
+    DEFAULT_MEGASCALE_PORT,
+    SliceSpec,
+    check_same_generation,
+    megascale_env,
+    parse_slice,
+    tpu_host_env,
+)
 
 __all__ = [
     "HostProbe",
@@ -164,6 +172,56 @@ class HostAssignment:
     process_count: int
     local_rank: int
     local_world_size: int
+    slice_index: int = 0
+    """Which slice of a multislice run the host belongs to (``host_index`` is per slice)."""
+
+    @property
+    def job_host(self) -> int:
+        """The host's number in the whole run, unique across slices (where host indices
+        repeat): under SPMD its process index (slice by slice; ``host_index`` on one slice),
+        with one process per chip its host index."""
+        return self.host_index if self.local_world_size > 1 else self.process_index
+
+
+def assign_slices(
+    probes: list[HostProbe], spec: SliceSpec, num_slices: int
+) -> list[HostAssignment]:
+    """Under SPMD across ``num_slices`` slices: slices by name (Ray's TPU slice-name label),
+    in sorted order, and each slice's hosts by TPU worker id.  Process ``s * hosts + h`` is
+    host ``h`` of slice ``s``, as PJRT numbers a multislice job's processes."""
+    names: dict[str, list[int]] = {}
+    for rank, probe in enumerate(probes):
+        if not probe.slice_name:
+            raise BootstrapError(
+                f"worker rank {rank} on {probe.hostname} ({probe.node_ip}) has no TPU slice "
+                f"name (node label {TPU_SLICE_NAME_LABEL} or TPU_NAME), so its slice among "
+                f"the {num_slices} is unknown"
+            )
+        names.setdefault(probe.slice_name, []).append(rank)
+    if len(names) != num_slices:
+        raise BootstrapError(
+            f"the workers run on {len(names)} TPU slice(s) ({', '.join(sorted(names))}) but the "
+            f"backend was configured for num_slices={num_slices}; one SPMD worker per host of "
+            f"each slice"
+        )
+    described = [
+        parse_slice(p.env_topology, p.env_accelerator_type.split("-")[0])
+        for p in probes
+        if p.env_topology and p.env_accelerator_type
+    ]
+    check_same_generation([spec, *described])
+    out: dict[int, HostAssignment] = {}
+    for slice_index, name in enumerate(sorted(names)):
+        ranks = names[name]
+        # Within a slice, exactly the single-slice rule: worker ids 0..hosts-1 once each.
+        for rank, a in zip(
+            ranks, assign_hosts([probes[r] for r in ranks], spec, True), strict=True
+        ):
+            process = slice_index * spec.num_hosts + a.host_index
+            out[rank] = HostAssignment(
+                a.host_index, process, spec.num_hosts * num_slices, 0, 1, slice_index
+            )
+    return [out[rank] for rank in range(len(probes))]
 
 
 def assign_hosts(
@@ -255,6 +313,8 @@ class WorkerBootstrap:
     """A :data:`tpu_backend.compile_cache.READONLY_POLICIES` value."""
     cache_visible: dict[int, list[int]] | None = None
     """For the 'auto' policy: which hosts' markers each host saw."""
+    num_slices: int = 1
+    """Slices joined over DCN; ``hostnames`` are this worker's slice's hosts."""
 
 
 def _set_env(env: dict[str, str], *, override: bool) -> None:
@@ -343,6 +403,12 @@ def bootstrap_worker(b: WorkerBootstrap) -> dict[str, Any]:
         os.environ.setdefault("PJRT_DEVICE", "TPU")
     if os.environ.get("PJRT_DEVICE", "TPU") == "TPU" and b.holds_tpu:
         _set_env(_tpu_env(b), override=not b.spmd)
+    if b.num_slices > 1:
+        # As Ray Train sets them for its own multislice TPU runs (_setup_tpu_multislice): the
+        # coordinator is the run's master address, the port MEGASCALE_PORT's or Ray's default.
+        port = os.environ.get("MEGASCALE_PORT", DEFAULT_MEGASCALE_PORT)
+        coordinator = megascale_env(b.num_slices, a.slice_index, b.master_addr, port)
+        _set_env(coordinator, override=True)
     if not b.spmd:
         # torch_xla's xla:// handler runs pjrt.initialize_multiprocess (replication groups,
         # per-chip topology) only for "torchelastic-launched" processes.
@@ -363,7 +429,7 @@ def bootstrap_worker(b: WorkerBootstrap) -> dict[str, Any]:
         cache_path, _ = compile_cache.initialize_cache(
             b.cache_dir,
             spec=b.spec,
-            host_index=a.host_index,
+            host_index=a.job_host,
             readonly=b.cache_readonly,  # type: ignore[arg-type]
             visible=b.cache_visible,
         )
@@ -402,7 +468,10 @@ def bootstrap_worker(b: WorkerBootstrap) -> dict[str, Any]:
             device_ids = host_major_device_ids(gathered, n_global)
         else:
             device_ids = host_major_device_ids([ids], n_global)
-        mesh = build_mesh(plan, device_ids)
+        if b.num_slices > 1 and plan.source == "default" and b.spec is not None:
+            mesh = build_hybrid_mesh(plan, b.spec, b.num_slices)
+        else:
+            mesh = build_mesh(plan, device_ids)
     else:
         # Deferred like torch_xla above; importing it registers 'xla' and xla://.
         import torch_xla.distributed.xla_backend  # noqa: F401
@@ -426,11 +495,14 @@ def bootstrap_worker(b: WorkerBootstrap) -> dict[str, Any]:
         pod_type=b.spec.pod_type if b.spec else None,
         process_group_backend=dist.get_backend(),
         device_type=xr.device_type(),
+        num_slices=b.num_slices,
+        slice_index=a.slice_index,
     )
     context._set_state(state)
     ray_devices.install()
     return {
         "host_index": state.host_index,
+        "slice_index": state.slice_index,
         "process_index": state.process_index,
         "process_count": state.process_count,
         "global_device_count": state.global_device_count,
@@ -455,10 +527,12 @@ def _check_runtime(xr: Any, b: WorkerBootstrap, where: str) -> None:
         )
     if b.spec is not None and b.holds_tpu:
         n = xr.global_runtime_device_count()
-        if n != b.spec.num_devices:
+        devices = b.spec.num_devices * b.num_slices
+        if n != devices:
+            of = f"{b.num_slices} x " if b.num_slices > 1 else ""
             raise BootstrapError(
-                f"{where}: torch_xla sees {n} global devices but {b.spec.pod_type} "
-                f"({b.spec.topology}) has {b.spec.num_devices}; the topology given to the "
+                f"{where}: torch_xla sees {n} global devices but {of}{b.spec.pod_type} "
+                f"({b.spec.topology}) has {devices}; the topology given to the "
                 f"backend does not match the slice"
             )
 

@@ -30,11 +30,11 @@ from ray.train.backend import Backend, BackendConfig
 from ray.train.torch.config import TorchConfig
 
 from tpu_backend import driver
-from tpu_backend.bootstrap import WorkerBootstrap, assign_hosts, spec_from_probes
+from tpu_backend.bootstrap import WorkerBootstrap, assign_hosts, assign_slices, spec_from_probes
 from tpu_backend.compile_cache import check_cache_base
 from tpu_backend.driver import BACKEND_NAME
 from tpu_backend.mesh import MeshPlan, as_axis_names, as_shape, normalize_spmd_config, plan_mesh
-from tpu_backend.topology import SliceSpec, normalize_accelerator, parse_slice
+from tpu_backend.topology import SliceSpec, check_num_slices, normalize_accelerator, parse_slice
 
 __all__ = [
     "BACKEND_NAME",
@@ -110,6 +110,10 @@ class TPUTorchConfig(TorchConfig):
         topology, accelerator: The slice (``'2x2x2'``, ``'v4'``).  Default: taken from the
             ``ScalingConfig`` (``topology``, ``accelerator_type``).  When both give one
             they must agree.
+        num_slices: Slices of that topology joined over DCN (a multislice run, SPMD only):
+            one worker per host of every slice (``num_workers`` = hosts x slices), each
+            given the ``MEGASCALE_*`` variables Ray gives its own multislice TPU workers.
+            The default mesh is then data parallel across slices (a ``HybridMesh``).
         mesh_shape, axis_names: Override the default mesh.
         xla_spmd_config: A dict of ``mesh_shape``, ``data_parallel_size``,
             ``model_parallel_size``, ``partitioning_mode`` (``'manual'`` or ``'auto'``).
@@ -133,6 +137,7 @@ class TPUTorchConfig(TorchConfig):
     spmd: bool = True
     topology: str | None = None
     accelerator: str | None = None
+    num_slices: int = 1
     mesh_shape: Sequence[int] | None = None
     axis_names: Sequence[str] | None = None
     xla_spmd_config: Mapping[str, Any] | None = None
@@ -146,6 +151,12 @@ class TPUTorchConfig(TorchConfig):
     def __post_init__(self) -> None:
         if not isinstance(self.spmd, bool):
             raise ValueError(f"spmd {self.spmd!r} is not valid: expected True or False")
+        check_num_slices(self.num_slices)
+        if self.num_slices > 1 and not self.spmd:
+            raise ValueError(
+                f"num_slices={self.num_slices} needs spmd=True: across slices the backend runs "
+                f"one SPMD worker per host (spmd=False runs one process per chip of one slice)"
+            )
         self._spmd_config = normalize_spmd_config(self.xla_spmd_config)
         mode = self._spmd_config.get("partitioning_mode")
         if self.spmd:
@@ -273,6 +284,7 @@ class TPUTorchConfig(TorchConfig):
             spmd=self.spmd,
             topology=self.topology,
             accelerator=self.accelerator,
+            num_slices=self.num_slices,
             mesh_shape=self.mesh_shape,
             axis_names=self.axis_names,
             xla_spmd_config=dict(self._spmd_config) or None,
@@ -350,19 +362,24 @@ class TPUTorchConfig(TorchConfig):
                 )
             return ResolvedSlice(None, None, num_workers)
 
+        slices = self.num_slices
         slice_name = f"{spec.pod_type} ({spec.topology})"
+        if slices > 1:
+            slice_name = f"{slices} x {slice_name}"
         if self.spmd:
-            if num_workers != spec.num_hosts:
+            hosts = spec.num_hosts * slices
+            if num_workers != hosts:
                 extra = ""
-                if num_workers % spec.num_hosts == 0 and num_workers > spec.num_hosts:
+                if num_workers % hosts == 0 and num_workers > hosts:
                     extra = (
-                        f" ({num_workers // spec.num_hosts} slices: multi-slice training is "
-                        f"not supported by this backend)"
+                        f" ({num_workers // spec.num_hosts} slices' worth: set "
+                        f"TPUTorchConfig(num_slices={num_workers // spec.num_hosts}) for a "
+                        f"multislice run)"
                     )
                 raise ValueError(
                     f"num_workers={num_workers} does not match {slice_name}, which has "
-                    f"{spec.num_hosts} host(s){extra}; SPMD runs one worker per host: set "
-                    f"num_workers={spec.num_hosts}"
+                    f"{hosts} host(s){extra}; SPMD runs one worker per host: set "
+                    f"num_workers={hosts}"
                 )
             if use_tpu and tpus_per_worker != spec.chips_per_host:
                 raise ValueError(
@@ -371,8 +388,8 @@ class TPUTorchConfig(TorchConfig):
                     f"holds all chips of its host: use TPU={spec.chips_per_host} (the default)"
                 )
             mesh: MeshPlan | None = plan_mesh(
-                spec.num_devices,
-                spec.num_hosts,
+                spec.num_devices * slices,
+                hosts,
                 mesh_shape=self.mesh_shape,
                 axis_names=self.axis_names,
                 spmd_config=self._spmd_config,
@@ -414,22 +431,32 @@ class TPUXLABackend(Backend):
         n = len(worker_group)
         resolved = cfg.resolve(driver.scaling_config_of(worker_group))
         spec = resolved.spec
-        multi_host = spec.is_multi_host if spec is not None else n > 1
+        multi_host = (spec.is_multi_host or cfg.num_slices > 1) if spec is not None else n > 1
         probes = driver.probe_hosts(worker_group, multi_host, cfg.bootstrap_timeout_s)
         if spec is None:
             # Plain TorchTrainer without a topology: the hosts may still say what they are.
             spec = spec_from_probes(probes)
             if spec is not None:
                 resolved = cfg.resolve(driver.layout_from_probes(spec, probes))
-        assignments = assign_hosts(probes, spec, cfg.spmd)
+        if cfg.num_slices > 1 and spec is not None:
+            assignments = assign_slices(probes, spec, cfg.num_slices)
+        else:
+            assignments = assign_hosts(probes, spec, cfg.spmd)
         labels = [
-            f"host {a.host_index} (worker rank {i}, {probes[i].node_ip})"
+            f"{f'slice {a.slice_index} ' if cfg.num_slices > 1 else ''}host {a.host_index} "
+            f"(worker rank {i}, {probes[i].node_ip})"
             for i, a in enumerate(assignments)
         ]
         master_addr, master_port = driver.coordinator_address(worker_group, assignments)
-        by_host = {a.host_index: probes[i].node_ip for i, a in enumerate(assignments)}
-        hostnames = tuple(by_host[h] for h in sorted(by_host))
-        slice_name = next((p.slice_name for p in probes if p.slice_name), None)
+        # Each slice's hosts, in worker-id order (TPU_WORKER_HOSTNAMES is per slice).
+        by_host = {
+            (a.slice_index, a.host_index): probes[i].node_ip for i, a in enumerate(assignments)
+        }
+        hostnames = {
+            s: tuple(by_host[k] for k in sorted(by_host) if k[0] == s)
+            for s in {k[0] for k in by_host}
+        }
+        slice_names = {a.slice_index: probes[i].slice_name for i, a in enumerate(assignments)}
         visible = None
         if cfg.compilation_cache_dir is not None and cfg.compilation_cache_readonly == "auto":
             visible = driver.cache_visibility(
@@ -444,14 +471,16 @@ class TPUXLABackend(Backend):
                 spmd=cfg.spmd,
                 assignment=a,
                 num_hosts=spec.num_hosts if spec is not None else len(by_host),
+                num_slices=cfg.num_slices,
                 master_addr=master_addr,
                 master_port=master_port,
                 init_method=str(cfg.init_method),
                 backend=str(cfg.backend),
                 timeout_s=float(cfg.timeout_s),
                 spec=spec,
-                hostnames=hostnames,
-                slice_name=slice_name,
+                hostnames=hostnames[a.slice_index],
+                slice_name=slice_names[a.slice_index]
+                or next((p.slice_name for p in probes if p.slice_name), None),
                 mesh_plan=resolved.mesh,
                 mesh_shape=tuple(cfg.mesh_shape) if cfg.mesh_shape is not None else None,
                 axis_names=tuple(cfg.axis_names) if cfg.axis_names is not None else None,

@@ -36,6 +36,9 @@ class XlaWorkerState:
     process_group_backend: str
     device_type: str
     """``xr.device_type()``: 'TPU' on TPU and on the simulator, 'CPU' on PJRT CPU."""
+    num_slices: int = 1
+    """Slices joined over DCN in the run (a multislice job); ``host_index`` is per slice."""
+    slice_index: int = 0
 
 
 _lock = threading.Lock()

@@ -137,7 +137,7 @@ def cache_visibility(
     gather(
         [
             worker_group.execute_single_async(
-                i, compile_cache.mark_host, cache_dir, token, assignments[i].host_index
+                i, compile_cache.mark_host, cache_dir, token, assignments[i].job_host
             )
             for i in range(n)
         ],
@@ -154,7 +154,7 @@ def cache_visibility(
         labels,
         "compilation cache visibility",
     )
-    return {assignments[i].host_index: list(seen[i]) for i in range(n)}
+    return {assignments[i].job_host: list(seen[i]) for i in range(n)}
 
 
 def bootstrap_workers(

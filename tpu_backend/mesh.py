@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from tpu_backend.topology import DEFAULT_AXIS_NAMES, default_mesh_for
+from tpu_backend.topology import DEFAULT_AXIS_NAMES, SliceSpec, default_mesh_for
 
 __all__ = [
     "SPMD_CONFIG_KEYS",
@@ -32,6 +32,7 @@ __all__ = [
     "plan_mesh",
     "normalize_spmd_config",
     "build_mesh",
+    "build_hybrid_mesh",
     "as_shape",
     "as_axis_names",
 ]
@@ -286,5 +287,29 @@ def build_mesh(plan: MeshPlan, device_ids: Sequence[int] | None = None) -> Any:
         )
     ids = np.array(list(device_ids) if device_ids is not None else range(n))
     mesh = xs.Mesh(ids, plan.shape, plan.axis_names)
+    xs.set_global_mesh(mesh)
+    return mesh
+
+
+def build_hybrid_mesh(plan: MeshPlan, spec: SliceSpec, num_slices: int) -> Any:
+    """The default mesh of a multislice run as torch_xla's ``HybridMesh``, made global.
+
+    ``plan`` is the default ``(slices x hosts, devices_per_host)``: within a slice the
+    ``(hosts, devices_per_host)`` block is laid out on the chips' torus (ICI), and the slices
+    are stacked along ``data`` over DCN, so only data parallelism crosses slices.
+    """
+    import torch_xla.distributed.spmd as xs  # deferred: runs on a worker, as build_mesh
+
+    expected = (spec.num_hosts * num_slices, spec.devices_per_host)
+    if plan.shape != expected:
+        raise ValueError(
+            f"the default multislice mesh is {expected}, not {plan.shape}; give mesh_shape "
+            f"to choose another"
+        )
+    mesh = xs.HybridMesh(
+        ici_mesh_shape=(spec.num_hosts, spec.devices_per_host),
+        dcn_mesh_shape=(num_slices, 1),
+        axis_names=plan.axis_names,
+    )
     xs.set_global_mesh(mesh)
     return mesh

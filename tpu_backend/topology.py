@@ -53,6 +53,7 @@ from dataclasses import dataclass
 __all__ = [
     "ACCELERATORS",
     "DEFAULT_ACCELERATOR",
+    "DEFAULT_MEGASCALE_PORT",
     "DEFAULT_AXIS_NAMES",
     "GENERATIONS",
     "Generation",
@@ -60,6 +61,10 @@ __all__ = [
     "default_mesh",
     "default_mesh_for",
     "STANDARD_TOPOLOGIES",
+    "check_num_slices",
+    "check_same_generation",
+    "check_slice_index",
+    "megascale_env",
     "nearest_topologies",
     "normalize_accelerator",
     "parse_slice",
@@ -512,3 +517,78 @@ def tpu_host_env(
             raise ValueError(f"slice_name {slice_name!r} is not valid: expected a non-empty str")
         env["TPU_NAME"] = slice_name
     return env
+
+
+# -- several slices joined over the data-center network (multislice) ------------------------
+
+DEFAULT_MEGASCALE_PORT = "8081"
+"""The port of the multislice coordinator when none is chosen (Ray 2.60's
+``ray._private.accelerators.tpu.DEFAULT_MEGASCALE_PORT``)."""
+
+
+def check_num_slices(num_slices: object) -> int:
+    """``num_slices`` when it is a whole number >= 1; else an error naming it."""
+    if isinstance(num_slices, bool) or not isinstance(num_slices, int):
+        raise TypeError(
+            f"num_slices must be an int (1 for one slice, 2 or more for slices joined over "
+            f"DCN), got {type(num_slices).__name__} {num_slices!r}"
+        )
+    if num_slices < 1:
+        raise ValueError(
+            f"num_slices {num_slices} is not valid: expected a whole number >= 1 (1 for one "
+            f"slice, 2 or more for slices joined over DCN)"
+        )
+    return num_slices
+
+
+def check_slice_index(slice_index: object, num_slices: int) -> int:
+    """``slice_index`` when it names one of ``num_slices`` slices; else an error naming it."""
+    if isinstance(slice_index, bool) or not isinstance(slice_index, int):
+        raise TypeError(
+            f"slice_index must be an int, got {type(slice_index).__name__} {slice_index!r}"
+        )
+    if not 0 <= slice_index < num_slices:
+        raise ValueError(
+            f"slice_index {slice_index} is out of range for {num_slices} slice(s): valid slice "
+            f"indices are 0..{num_slices - 1}"
+        )
+    return slice_index
+
+
+def check_same_generation(specs: Sequence[SliceSpec]) -> SliceSpec:
+    """The one slice shape every slice of a multislice job has (they must all be alike)."""
+    kinds = sorted({f"{s.accelerator} {s.topology}" for s in specs})
+    if len({s.accelerator for s in specs}) > 1:
+        raise ValueError(
+            f"the slices mix TPU generations ({', '.join(kinds)}); slices joined over DCN must "
+            f"all be of one generation and topology"
+        )
+    if len(kinds) > 1:
+        raise ValueError(
+            f"the slices have different topologies ({', '.join(kinds)}); slices joined over DCN "
+            f"must all be of one generation and topology"
+        )
+    return specs[0]
+
+
+def megascale_env(
+    num_slices: int,
+    slice_index: int,
+    coordinator_host: str = "localhost",
+    port: str = DEFAULT_MEGASCALE_PORT,
+) -> dict[str, str]:
+    """The multislice variables every host of slice ``slice_index`` gets (empty for one slice).
+
+    As Ray 2.60 sets them (``ray.util.tpu.get_tpu_coordinator_env_vars``, used by Ray Train's
+    multislice setup): the coordinator is host 0 of slice 0, written 'host:port'.
+    """
+    check_num_slices(num_slices)
+    check_slice_index(slice_index, num_slices)
+    if num_slices == 1:
+        return {}
+    return {
+        "MEGASCALE_COORDINATOR_ADDRESS": f"{coordinator_host}:{port}",
+        "MEGASCALE_PORT": str(port),
+        "MEGASCALE_NUM_SLICES": str(num_slices),
+        "MEGASCALE_SLICE_ID": str(slice_index),
+    }

@@ -22,7 +22,13 @@ from types import ModuleType
 from typing import Any, TypeVar
 
 from tpu_backend.machine import real_torch_xla_loaded
-from tpu_backend.topology import SliceSpec, parse_slice, tpu_host_env
+from tpu_backend.topology import (
+    SliceSpec,
+    check_num_slices,
+    check_slice_index,
+    parse_slice,
+    tpu_host_env,
+)
 from xlasim.runtime.settings import (
     REPORT_ENV,
     EnvError,
@@ -139,6 +145,11 @@ class _LazyFinder(importlib.abc.MetaPathFinder):
             if not _entries:
                 config = dict(self.config)
                 pjrt_device = config.pop("pjrt_device", None)
+                # The slice variables are read now, not at interpreter start: a multislice job's
+                # MEGASCALE_* variables may be set after start-up (Ray Train's backend sets them
+                # on its workers before they import torch_xla).
+                slices = _slices_from_env(os.environ)
+                config.update(num_slices=slices[0], slice_index=slices[1])
                 process_wide = simulate(**config)
                 process_wide.thread = None  # the process's own slice: every thread uses it
                 runtime = process_wide.__enter__()
@@ -220,6 +231,9 @@ class simulate:  # noqa: N801 - used like a function: `with xlasim.simulate(...)
             docs/will-it-fit.md); ``None``: from ``XLASIM_COMPILER``.
         dry_run: ``True`` runs on shapes only, computing no values; ``None``: from
             ``XLASIM_DRY_RUN``.
+        num_slices: slices of ``topology`` joined over DCN (a multislice job; each slice has
+            the topology's hosts and chips, device ids run slice by slice).
+        slice_index: which slice this process's host belongs to.
     """
 
     def __init__(
@@ -232,10 +246,14 @@ class simulate:  # noqa: N801 - used like a function: `with xlasim.simulate(...)
         *,
         compiler: str | None = None,
         dry_run: bool | None = None,
+        num_slices: int = 1,
+        slice_index: int = 0,
     ) -> None:
         self.spec = parse_slice(topology, accelerator)
-        # Validates the host index now, before anything (torch included) is loaded.
+        # Validates the host and slice now, before anything (torch included) is loaded.
         tpu_host_env(self.spec, host_index)
+        self.num_slices = check_num_slices(num_slices)
+        self.slice_index = check_slice_index(slice_index, num_slices)
         for name, flag in (("spmd", spmd), ("single_process", single_process)):
             if not isinstance(flag, bool):
                 raise TypeError(f"{name} must be True or False, got {type(flag).__name__} {flag!r}")
@@ -245,6 +263,11 @@ class simulate:  # noqa: N801 - used like a function: `with xlasim.simulate(...)
         self.spmd = spmd
         self.single_process = single_process
         self.compiler = resolve_compiler(compiler)
+        if self.compiler is not None and num_slices > 1:
+            raise NotImplementedError(
+                f"xlasim compiles with compiler={self.compiler!r} for one slice; a multislice "
+                f"job (num_slices={num_slices}) is not simulated with the real compiler"
+            )
         self.dry_run = resolve_dry_run(dry_run)
         self._runtimes: list[Any] = []
         self.thread: threading.Thread | None = threading.current_thread()
@@ -264,6 +287,8 @@ class simulate:  # noqa: N801 - used like a function: `with xlasim.simulate(...)
                     self.single_process,
                     compiler=self.compiler,
                     dry_run=self.dry_run,
+                    num_slices=self.num_slices,
+                    slice_index=self.slice_index,
                 )
             except BaseException:
                 if outermost:
@@ -327,6 +352,12 @@ def activate_from_env(environ: os._Environ[str] | dict[str, str] = os.environ) -
 
 
 ACTIVATION_ENV = ("XLASIM_TOPOLOGY", "XLASIM_ACCELERATOR", "XLASIM_HOST_INDEX")
+# Several slices: how many, and which one this host is in.  Unset, they follow the multislice
+# variables the host got from Ray or GKE (MEGASCALE_NUM_SLICES, MEGASCALE_SLICE_ID).
+NUM_SLICES_ENV = "XLASIM_NUM_SLICES"
+SLICE_INDEX_ENV = "XLASIM_SLICE_INDEX"
+_SLICE_VARS = ((NUM_SLICES_ENV, "MEGASCALE_NUM_SLICES"), (SLICE_INDEX_ENV, "MEGASCALE_SLICE_ID"))
+_SLICE_OWN = (NUM_SLICES_ENV, SLICE_INDEX_ENV)
 
 
 def config_from_env(environ: Any = os.environ) -> dict[str, Any] | None:
@@ -336,7 +367,7 @@ def config_from_env(environ: Any = os.environ) -> dict[str, Any] | None:
     ``XLASIM_TOPOLOGY`` set to '' turns the simulation off whatever else is set: that is how a
     job on a simulated cluster runs some workers as plain hosts.
     """
-    values = {k: (environ.get(k) or "").strip() for k in ACTIVATION_ENV}
+    values = {k: (environ.get(k) or "").strip() for k in (*ACTIVATION_ENV, *_SLICE_OWN)}
     topology, accelerator, host = (values[k] for k in ACTIVATION_ENV)
     if "XLASIM_TOPOLOGY" in environ and not topology:
         return None
@@ -363,12 +394,29 @@ def config_from_env(environ: Any = os.environ) -> dict[str, Any] | None:
     single = (environ.get(SINGLE_PROCESS_ENV) or "0").strip()
     if single not in ("0", "1"):
         raise EnvError(f"{SINGLE_PROCESS_ENV}={single!r} is not valid: expected 0 or 1")
+    num_slices, slice_index = _slices_from_env(environ)
     return {
         "topology": topology,
         "accelerator": accelerator or None,
         "host_index": host_index,
         "single_process": single == "1",
+        "num_slices": num_slices,
+        "slice_index": slice_index,
         # What the process was started with; empty counts as unset (Ray expands a missing
         # variable to '').
         "pjrt_device": (environ.get("PJRT_DEVICE") or "").strip() or None,
     }
+
+
+def _slices_from_env(environ: Any) -> tuple[int, int]:
+    """(slices, this host's slice) from ``XLASIM_*`` or else the ``MEGASCALE_*`` variables."""
+    values: list[int] = []
+    for (own, megascale), minimum in zip(_SLICE_VARS, (1, 0), strict=True):
+        name = own if (environ.get(own) or "").strip() else megascale
+        values.append(env_int(name, minimum, minimum=minimum, environ=environ))
+    num_slices, slice_index = values
+    try:
+        check_slice_index(slice_index, num_slices)
+    except ValueError as exc:
+        raise EnvError(f"{SLICE_INDEX_ENV} / MEGASCALE_SLICE_ID: {exc}") from None
+    return num_slices, slice_index

@@ -38,7 +38,7 @@ import pytest
 
 from tpu_backend import machine
 from tpu_backend.machine import count_tpu_chips, real_torch_xla_unavailable
-from tpu_backend.topology import SliceSpec, parse_slice
+from tpu_backend.topology import SliceSpec, check_num_slices, parse_slice
 
 __all__ = [
     "REAL_TARGETS",
@@ -74,6 +74,8 @@ class XlaTarget:
     """'sim', 'xla_cpu' or 'tpu'."""
     spec: SliceSpec
     host_index: int = 0
+    num_slices: int = 1
+    """Slices of ``spec`` joined over DCN (``--num-slices``, the topology mark's)."""
 
     @property
     def is_real(self) -> bool:
@@ -86,18 +88,19 @@ class XlaTarget:
 
     @property
     def num_devices(self) -> int:
-        return self.spec.num_devices
+        return self.spec.num_devices * self.num_slices
 
     @property
     def num_hosts(self) -> int:
-        return self.spec.num_hosts
+        return self.spec.num_hosts * self.num_slices
 
     @property
     def devices_per_host(self) -> int:
         return self.spec.devices_per_host
 
     def __str__(self) -> str:
-        return f"{self.name} ({self.spec.pod_type}, topology {self.spec.topology})"
+        slices = f"{self.num_slices} x " if self.num_slices > 1 else ""
+        return f"{self.name} ({slices}{self.spec.pod_type}, topology {self.spec.topology})"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -134,6 +137,8 @@ def tpu_unavailable(spec: SliceSpec) -> str | None:
 
 
 def _unavailable(target: XlaTarget) -> str | None:
+    if target.is_real and target.num_slices > 1:
+        return f"it runs on one slice, and this test asks for {target.num_slices} slices"
     if target.name == "xla_cpu":
         return xla_cpu_unavailable(target.spec)
     if target.name == "tpu":
@@ -159,6 +164,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         dest="xla_accelerator",
         default=None,
         help="TPU generation: v2, v3, v4, v5litepod (v5e), v5p, v6e, v7x (default: v6e)",
+    )
+    group.addoption(
+        "--num-slices",
+        dest="xla_num_slices",
+        default="1",
+        help="slices of the topology joined over DCN, a multislice job (default 1; the sim "
+        "target only); the topology(..., num_slices=N) mark overrides it per test",
     )
     group.addoption(
         "--xla-targets",
@@ -206,7 +218,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         "topology(topology, accelerator=None): the slice this test runs on "
-        "(overrides --topology/--accelerator)",
+        "(overrides --topology/--accelerator); num_slices=N: N of them joined over DCN "
+        "(overrides --num-slices)",
     )
     config.addinivalue_line(
         "markers",
@@ -223,6 +236,7 @@ def pytest_configure(config: pytest.Config) -> None:
         parse_slice(config.getoption("xla_topology"), config.getoption("xla_accelerator"))
     except (ValueError, KeyError) as exc:
         raise pytest.UsageError(f"--topology/--accelerator: {exc}") from exc
+    _option_num_slices(config)
     config.stash[_targets_key] = _parse_targets(config.getoption("xla_targets"))
     _configure_compiler(config)
     child = config.getoption("xlasim_child")
@@ -265,10 +279,13 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 def pytest_report_header(config: pytest.Config) -> str | None:
     spec = parse_slice(config.getoption("xla_topology"), config.getoption("xla_accelerator"))
-    if spec.num_hosts == 1:
+    slices = _option_num_slices(config)
+    hosts = spec.num_hosts * slices
+    if hosts == 1:
         return None
+    what = f"{slices} slices of {spec.pod_type} have" if slices > 1 else f"{spec.pod_type} has"
     return (
-        f"xlasim: {spec.pod_type} has {spec.num_hosts} hosts; each sim-target test is one "
+        f"xlasim: {what} {hosts} hosts; each sim-target test is one "
         "process standing for all of them (host 0; the others enter the same data)"
     )
 
@@ -319,16 +336,40 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         xlasim.register_xla_device()
 
 
+def _option_num_slices(config: pytest.Config) -> int:
+    raw = config.getoption("xla_num_slices")
+    try:
+        return check_num_slices(int(raw))
+    except ValueError:
+        raise pytest.UsageError(
+            f"--num-slices {raw!r} is not valid: expected a whole number >= 1"
+        ) from None
+
+
+def _num_slices_for(node: pytest.Item, config: pytest.Config) -> int:
+    marker = node.get_closest_marker("topology")
+    if marker is not None:
+        # A mark names the whole target: one slice unless it says more.
+        return check_num_slices(marker.kwargs.get("num_slices", 1))
+    return _option_num_slices(config)
+
+
+def _target(name: str, request: pytest.FixtureRequest) -> XlaTarget:
+    node, config = request.node, request.config
+    return XlaTarget(name, _slice_for(node, config), num_slices=_num_slices_for(node, config))
+
+
 def _slice_for(node: pytest.Item, config: pytest.Config) -> SliceSpec:
     marker = node.get_closest_marker("topology")
     if marker is None:
         return parse_slice(config.getoption("xla_topology"), config.getoption("xla_accelerator"))
     args, kwargs = list(marker.args), dict(marker.kwargs)
-    unknown = set(kwargs) - {"topology", "accelerator"}
+    unknown = set(kwargs) - {"topology", "accelerator", "num_slices"}
     if unknown or len(args) > 2 or (not args and "topology" not in kwargs):
         raise TypeError(
             f"@pytest.mark.topology{tuple(args)!r} {kwargs!r}: expected "
-            "topology(topology: str, accelerator: str | None = None), e.g. "
+            "topology(topology: str, accelerator: str | None = None) and an optional "
+            "num_slices: int keyword, e.g. "
             "@pytest.mark.topology('2x2x2', accelerator='v4')"
         )
     topology = args[0] if args else kwargs["topology"]
@@ -363,7 +404,8 @@ def _simulated(target: XlaTarget) -> Iterator[None]:
         target.spec.topology,
         target.spec.accelerator,
         host_index=target.host_index,
-        single_process=target.spec.num_hosts > 1,
+        single_process=target.num_hosts > 1,
+        num_slices=target.num_slices,
     ):
         yield
         _check_simulated_torch_xla(target)
@@ -374,11 +416,11 @@ class _SharedSimulation:
 
     def __init__(self) -> None:
         self._stack: contextlib.ExitStack | None = None
-        self._key: tuple[str, str, int] | None = None
+        self._key: tuple[str, str, int, int] | None = None
         self.environ_before: dict[str, str] = {}
 
     def enter(self, target: XlaTarget) -> None:
-        key = (target.spec.topology, target.spec.accelerator, target.host_index)
+        key = (target.spec.topology, target.spec.accelerator, target.host_index, target.num_slices)
         if key == self._key:
             return
         self.close()
@@ -490,7 +532,7 @@ def _run_simulated(request: pytest.FixtureRequest, target: XlaTarget) -> Iterato
 @pytest.fixture
 def xlasim_sim(request: pytest.FixtureRequest) -> Iterator[XlaTarget]:
     """The simulator only (honours the topology mark), fresh per test unless xlasim_shared."""
-    target = XlaTarget("sim", _slice_for(request.node, request.config))
+    target = _target("sim", request)
     yield from _run_simulated(request, target)
 
 
@@ -518,7 +560,7 @@ def xla_target(request: pytest.FixtureRequest) -> Iterator[XlaTarget]:
     name = getattr(request, "param", None)
     if name not in TARGETS:
         raise RuntimeError(f"xla_target was not parametrized by the xlasim plugin (got {name!r})")
-    target = XlaTarget(name, _slice_for(request.node, request.config))
+    target = _target(name, request)
     if name == "sim":
         yield from _run_simulated(request, target)
         return

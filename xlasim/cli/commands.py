@@ -14,13 +14,14 @@ from typing import Any
 from tpu_backend.topology import (
     DEFAULT_ACCELERATOR,
     STANDARD_TOPOLOGIES,
-    default_mesh,
+    check_slice_index,
+    megascale_env,
     normalize_accelerator,
     parse_slice,
     tpu_host_env,
 )
-from xlasim._activation import SINGLE_PROCESS_ENV
-from xlasim.arguments import OneLineErrorParser, fail, reject_dash_topologies
+from xlasim._activation import NUM_SLICES_ENV, SINGLE_PROCESS_ENV, SLICE_INDEX_ENV
+from xlasim.arguments import OneLineErrorParser, fail, positive_int, reject_dash_topologies
 from xlasim.cli.launcher import (
     HOSTS_ADDR_ENV,
     LOCAL_HOSTS_TIMEOUT_S,
@@ -50,8 +51,11 @@ def simulation_env(
     *,
     compiler: str | None = None,
     dry_run: bool = False,
+    num_slices: int = 1,
+    slice_index: int = 0,
 ) -> dict[str, str]:
-    """The variables that make a Python process start against the simulated slice."""
+    """The variables that make a Python process start against the simulated slice (host
+    ``host_index`` of slice ``slice_index`` of ``num_slices``)."""
     spec = parse_slice(topology, accelerator)
     # Validates the host index with the same message the runtime would give.
     tpu_host_env(spec, host_index)
@@ -60,6 +64,11 @@ def simulation_env(
         "XLASIM_ACCELERATOR": spec.accelerator,
         "XLASIM_HOST_INDEX": str(host_index),
     }
+    if num_slices > 1:
+        env[NUM_SLICES_ENV] = str(num_slices)
+        env[SLICE_INDEX_ENV] = str(slice_index)
+        # What the job's hosts get from Ray or GKE, there before the program starts.
+        env.update(megascale_env(num_slices, slice_index))
     if compiler is not None:
         # Checked here, before the program starts: an unknown name or a missing extra.
         name = resolve_compiler(compiler) or "none"
@@ -82,29 +91,41 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if not command:
         fail("xlasim run", "no command given; usage: xlasim run --topology T -- CMD ...")
     spec = parse_slice(args.topology, args.accelerator)
-    if args.single_process and args.host_index is not None:
-        fail("xlasim run", "--single-process and --host-index exclude each other")
-    # By default the whole slice: one process per host, as `--worker=all` starts on a TPU pod.
-    if args.host_index is not None:
-        indexes = [args.host_index]
-    elif args.single_process:
-        indexes = [0]
+    num_slices = args.num_slices
+    for option, value in (("--host-index", args.host_index), ("--slice-index", args.slice_index)):
+        if args.single_process and value is not None:
+            fail("xlasim run", f"--single-process and {option} exclude each other")
+    if args.slice_index is not None:
+        check_slice_index(args.slice_index, num_slices)
+    # By default every slice's every host: one process each, as `--worker=all` starts on each
+    # slice of a multislice job; (slice, host) pairs in process order.
+    slices = range(num_slices) if args.slice_index is None else [args.slice_index]
+    hosts = range(spec.num_hosts) if args.host_index is None else [args.host_index]
+    if args.single_process:
+        indexes = [(0, 0)]
     else:
-        indexes = list(range(spec.num_hosts))
-        if spec.num_hosts > _MANY_HOSTS:
+        indexes = [(s, h) for s in slices for h in hosts]
+        if len(indexes) > _MANY_HOSTS:
+            of = f"{num_slices} x {spec.pod_type}" if num_slices > 1 else spec.pod_type
             print(
-                f"xlasim run: starting {spec.num_hosts} host processes, one per host of "
-                f"{spec.pod_type} (each loads torch); --single-process runs one for them all",
+                f"xlasim run: starting {len(indexes)} host processes, one per host of "
+                f"{of} (each loads torch); --single-process runs one for them all",
                 file=sys.stderr,
             )
     envs = [
         dict(
             os.environ,
             **simulation_env(
-                args.topology, args.accelerator, h, compiler=args.compiler, dry_run=args.dry_run
+                args.topology,
+                args.accelerator,
+                h,
+                compiler=args.compiler,
+                dry_run=args.dry_run,
+                num_slices=num_slices,
+                slice_index=s,
             ),
         )
-        for h in indexes
+        for s, h in indexes
     ]
     check_runtime_knobs(envs[0])  # a bad knob fails here, not in the children at first use
     pjrt_device = (os.environ.get("PJRT_DEVICE") or "").strip()
@@ -165,7 +186,7 @@ def _cmd_describe(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from xlasim.cli.describe import MAX_GRID_CHIPS, chip_grids, slice_table
+    from xlasim.cli.describe import MAX_GRID_CHIPS, chip_grids, multislice_mesh, slice_table
 
     if args.list_generation is not None:
         if args.topology is not None or args.accelerator is not None:
@@ -174,27 +195,30 @@ def _cmd_describe(args: argparse.Namespace) -> int:
     if args.topology is None:
         raise ValueError("give a topology (e.g. 2x2x2 --accelerator v4) or --list GENERATION")
     spec = parse_slice(args.topology, args.accelerator)
+    num_slices = args.num_slices
     console = Console()
-    console.print(slice_table(spec))
-    if spec.num_chips <= MAX_GRID_CHIPS:
-        for grid in chip_grids(spec):
+    console.print(slice_table(spec, num_slices))
+    total_chips = spec.num_chips * num_slices
+    if total_chips <= MAX_GRID_CHIPS:
+        for grid in chip_grids(spec, num_slices):
             console.print(grid)
     else:
-        console.print(f"({spec.num_chips} chips: more than the {MAX_GRID_CHIPS} a grid shows)")
+        console.print(f"({total_chips} chips: more than the {MAX_GRID_CHIPS} a grid shows)")
 
-    shape, axes = default_mesh(spec)
+    shape, axes = multislice_mesh(spec, num_slices)
     hosts = Table(title="Per-host TPU environment")
-    hosts.add_column("host")
+    hosts.add_column("host" if num_slices == 1 else "slice, host")
     hosts.add_column("devices (global ids)")
     hosts.add_column("TPU env")
-    shown = _shown_hosts(spec.num_hosts)
-    for i, host in enumerate(shown):
-        if i and host != shown[i - 1] + 1:
-            hosts.add_row("...", f"({host - shown[i - 1] - 1} more hosts)", "")
-        first = host * spec.devices_per_host
-        env = tpu_host_env(spec, host)
+    shown = _shown_hosts(spec.num_hosts * num_slices)
+    for i, process in enumerate(shown):
+        if i and process != shown[i - 1] + 1:
+            hosts.add_row("...", f"({process - shown[i - 1] - 1} more hosts)", "")
+        slice_index, host = divmod(process, spec.num_hosts)
+        first = process * spec.devices_per_host
+        env = tpu_host_env(spec, host) | megascale_env(num_slices, slice_index)
         hosts.add_row(
-            str(host),
+            str(host) if num_slices == 1 else f"{slice_index}, {host}",
             f"{first}..{first + spec.devices_per_host - 1}",
             "\n".join(f"{k}={_abbreviated(v)}" for k, v in env.items()),
         )
@@ -256,6 +280,18 @@ def _parser() -> argparse.ArgumentParser:
         help="run only this host (default: every host of the slice, one process each)",
     )
     run.add_argument(
+        "--num-slices",
+        type=positive_int,
+        default=1,
+        help="slices of the topology joined over DCN, a multislice job (default 1)",
+    )
+    run.add_argument(
+        "--slice-index",
+        type=int,
+        default=None,
+        help="run only this slice's hosts (default: every slice)",
+    )
+    run.add_argument(
         "--single-process",
         action="store_true",
         help="one process stands for every host (host 0; the others enter the same data)",
@@ -283,6 +319,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     describe.add_argument("topology", nargs="?")
     describe.add_argument("--accelerator", default=None)
+    describe.add_argument(
+        "--num-slices",
+        type=positive_int,
+        default=1,
+        help="slices of the topology joined over DCN, a multislice job (default 1)",
+    )
     describe.add_argument(
         "--list",
         metavar="GENERATION",

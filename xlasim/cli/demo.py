@@ -96,7 +96,9 @@ def train_loop(config: dict[str, Any]) -> None:
     xs.mark_sharding(yd, mesh, spec_x)
 
     out_dir = config.get("out_dir")
-    progress = Path(out_dir) / f"progress-host{state.host_index}.jsonl" if out_dir else None
+    # Files and lines by process index: host indices repeat in every slice of a multislice run.
+    me = state.process_index
+    progress = Path(out_dir) / f"progress-host{me}.jsonl" if out_dir else None
     _append_progress(progress, {"step": -1})  # the worker is up, step 0 (and its compile) next
 
     losses: list[float] = []
@@ -113,11 +115,13 @@ def train_loop(config: dict[str, Any]) -> None:
             t_first = time.time()
         _append_progress(progress, {"step": step, "loss": value})
         if step % report_every == 0 or step == steps - 1:
-            print(f"[host {state.host_index}] step {step} loss {value:.6f}", flush=True)
+            print(f"[host {me}] step {step} loss {value:.6f}", flush=True)
             ray.train.report({"step": step, "loss": value, "host_index": state.host_index})
 
     record = {
         "host_index": state.host_index,
+        "slice_index": state.slice_index,
+        "num_slices": state.num_slices,
         "tpu_worker_id": os.environ.get("TPU_WORKER_ID"),
         "ray_world_rank": ray.train.get_context().get_world_rank(),
         "process_index": xr.process_index(),
@@ -127,6 +131,8 @@ def train_loop(config: dict[str, Any]) -> None:
         "device_type": xr.device_type(),
         "spmd": xr.is_spmd(),
         "mesh_shape": list(mesh.mesh_shape),
+        "mesh_device_ids": [int(d) for d in mesh.device_ids],
+        "megascale_slice_id": os.environ.get("MEGASCALE_SLICE_ID"),
         "axis_names": list(mesh.axis_names),
         "is_xla_backend": tpu_backend.is_xla_backend(),
         "process_group": state.process_group_backend,
@@ -137,7 +143,7 @@ def train_loop(config: dict[str, Any]) -> None:
         "pid": os.getpid(),
     }
     if out_dir:
-        path = Path(out_dir) / f"host{state.host_index}.json"
+        path = Path(out_dir) / f"host{me}.json"
         path.write_text(json.dumps(record))
 
 
@@ -166,9 +172,9 @@ def read_progress(out_dir: str | os.PathLike[str]) -> dict[int, list[dict[str, A
 
 
 def read_records(out_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """The per-host records :func:`train_loop` wrote, sorted by host index."""
+    """The per-host records :func:`train_loop` wrote, in process order (slice by slice)."""
     records = [json.loads(p.read_text()) for p in Path(out_dir).glob("host*.json")]
-    return sorted(records, key=lambda r: r["host_index"])
+    return sorted(records, key=lambda r: r["process_index"])
 
 
 def run(
@@ -182,6 +188,7 @@ def run(
     torch_config: Any = None,
     fit_timeout_s: float = 600.0,
     watch: Callable[[str], None] | None = None,
+    num_slices: int = 1,
 ) -> tuple[Any, list[dict[str, Any]]]:
     """Train :func:`train_loop` on a connected (simulated) TPU Ray cluster.
 
@@ -193,6 +200,8 @@ def run(
     from ray.train import RunConfig, ScalingConfig
 
     spec = parse_slice(topology, accelerator)
+    if num_slices > 1 and torch_config is None:
+        torch_config = tpu_backend.TPUTorchConfig(num_slices=num_slices)
     with tempfile.TemporaryDirectory(prefix="xlasim-demo-") as tmp:
         out = out_dir or os.path.join(tmp, "records")
         os.makedirs(out, exist_ok=True)
@@ -204,7 +213,7 @@ def run(
                 use_tpu=True,
                 topology=spec.topology,
                 accelerator_type=spec.ray_accelerator_type,
-                num_workers=spec.num_hosts,
+                num_workers=spec.num_hosts * num_slices,
             ),
             run_config=RunConfig(
                 name=f"xlasim-demo-{spec.pod_type}-{int(time.time())}",
@@ -240,7 +249,7 @@ def _print_report(spec: Any, records: list[dict[str, Any]], elapsed: float) -> b
         hosts.add_column(col)
     for r in records:
         hosts.add_row(
-            str(r["host_index"]),
+            _host_name(r),
             str(r["tpu_worker_id"]),
             str(r["ray_world_rank"]),
             f"{r['process_index']}/{r['process_count']}",
@@ -252,7 +261,8 @@ def _print_report(spec: Any, records: list[dict[str, Any]], elapsed: float) -> b
     losses = Table(title="Loss per step (every host)")
     losses.add_column("step")
     for r in records:
-        losses.add_column(f"host {r['host_index']}")
+        name = _host_name(r)
+        losses.add_column(name if name.startswith("slice") else f"host {name}")
     for step in range(len(first["losses"])):
         losses.add_row(str(step), *(f"{r['losses'][step]:.6f}" for r in records))
     console.print(losses)
@@ -329,6 +339,13 @@ class _ProgressView:
                 )
 
 
+def _host_name(record: dict[str, Any]) -> str:
+    """'1' for host 1; 'slice 1 host 0' in a multislice run (host indices are per slice)."""
+    if record.get("num_slices", 1) > 1:
+        return f"slice {record['slice_index']} host {record['host_index']}"
+    return str(record["host_index"])
+
+
 def _fail(console: Console, what: str, hint: str) -> int:
     # One line on stderr: the CLI never shows a traceback for a failed run.
     Console(stderr=True, highlight=False, soft_wrap=True).print(
@@ -353,6 +370,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="TPU generation, e.g. v4, v5p, v6e (default: v4 for the default "
         "topology, else the project's default for 2-D topologies)",
+    )
+    parser.add_argument(
+        "--num-slices",
+        type=positive_int,
+        default=1,
+        help="slices of the topology joined over DCN, one Ray node per host of each (default 1)",
     )
     parser.add_argument("--steps", type=positive_int, default=5)
     parser.add_argument("--batch", type=positive_int, default=64)
@@ -385,27 +408,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         spec = parse_slice(args.topology, accelerator)
     except ValueError as e:
         parser.error(str(e))
-    if spec.num_hosts > MAX_DEMO_HOSTS:
+    num_hosts = spec.num_hosts * args.num_slices
+    if num_hosts > MAX_DEMO_HOSTS:
+        slices = f"{args.num_slices} x " if args.num_slices > 1 else ""
         parser.error(
-            f"{spec.pod_type} ({spec.topology}) has {spec.num_hosts} hosts; the demo starts one "
+            f"{slices}{spec.pod_type} ({spec.topology}) has {num_hosts} hosts; the demo starts one "
             f"local Ray node per host and runs at most {MAX_DEMO_HOSTS}: pick a smaller slice, "
             f"e.g. 2x2x2 (2 hosts)"
         )
     console = Console()
-    console.print(slice_table(spec))
+    console.print(slice_table(spec, args.num_slices))
 
     # Build the simulator's C++ extension here, where its first-use note reaches the
     # terminal: built in the workers, it took minutes with no line on screen; now they load
     # the cached build.
     ensure_device_guard()
     t0 = time.monotonic()
-    console.print(f"starting a local Ray cluster with {spec.num_hosts} simulated TPU host(s)...")
+    console.print(f"starting a local Ray cluster with {num_hosts} simulated TPU host(s)...")
     try:
         # Worker logs stay in the cluster's log files (--verbose shows them): without a
         # dashboard Ray Train's placement-group cleaner warns every second.
         with simulated_tpu_cluster(
             spec.topology,
             spec.accelerator,
+            num_slices=args.num_slices,
             log_to_driver=args.verbose,
             driver_log_level=None if args.verbose else logging.WARNING,
             startup_timeout_s=args.startup_timeout,
@@ -413,9 +439,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         ) as cluster:
             console.print(
                 f"cluster up in {cluster.startup_s:.1f}s; training {args.steps} steps on "
-                f"{spec.num_hosts} host(s) (one Ray Train worker per host)..."
+                f"{num_hosts} host(s) (one Ray Train worker per host)..."
             )
-            with _ProgressView(console, spec.num_hosts, args.steps) as view:
+            with _ProgressView(console, num_hosts, args.steps) as view:
                 _, records = run(
                     spec.topology,
                     spec.accelerator,
@@ -423,6 +449,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     batch=args.batch,
                     fit_timeout_s=args.timeout,
                     watch=view.update,
+                    num_slices=args.num_slices,
                 )
     except ClusterStartError as e:
         return _fail(

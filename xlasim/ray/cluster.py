@@ -374,7 +374,9 @@ def _start_cluster(
         hosts = [(name, host) for name in slice_names for host in range(spec.num_hosts)]
         # One rendezvous address per slice for the simulator's cross-host exchange; the
         # host-0 worker of each run listens there, runs on a cluster follow one another.
-        hosts_addrs = {name: f"127.0.0.1:{_free_port()}" for name in slice_names}
+        # Several slices share one: a multislice job's hosts all exchange in one group.
+        shared_addr = f"127.0.0.1:{_free_port()}" if len(slice_names) > 1 else None
+        hosts_addrs = {name: shared_addr or f"127.0.0.1:{_free_port()}" for name in slice_names}
         if separate_head:
             cluster.add_node(
                 num_cpus=head_num_cpus,
@@ -390,7 +392,7 @@ def _start_cluster(
                 simulate=simulate,
                 num_cpus=num_cpus_per_host,
                 extra_env=extra_env,
-                hosts_addr=hosts_addrs[name] if spec.is_multi_host else None,
+                hosts_addr=hosts_addrs[name] if spec.is_multi_host or shared_addr else None,
             )
             if cluster.head_node is None:
                 # As in Ray's own fake-TPU tests, worker 0 of the first slice is the head.

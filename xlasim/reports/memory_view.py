@@ -22,8 +22,10 @@ def _size(nbytes: int) -> str:
 def chip_memory_table(bar_width: int = 30) -> Table:
     """One row per chip of the active slice: its coordinates, a bar of the HBM it uses,
     the bytes and the share of the chip's HBM (the numbers of :func:`xlasim.chip_memory`)."""
-    spec = state.current().spec
-    table = Table(title=f"HBM per chip, {spec.pod_type} ({spec.topology})")
+    rt = state.current()
+    spec = rt.spec
+    slices = f"{rt.num_slices} x " if rt.num_slices > 1 else ""
+    table = Table(title=f"HBM per chip, {slices}{spec.pod_type} ({spec.topology})")
     table.add_column("chip", justify="right")
     table.add_column("coords")
     table.add_column("HBM use")
@@ -32,6 +34,8 @@ def chip_memory_table(bar_width: int = 30) -> Table:
     for row in memory.chip_memory():
         bar = ProgressBar(total=row["hbm_bytes"], completed=row["bytes"], width=bar_width)
         coords = ",".join(str(c) for c in row["coords"])
+        if "slice_index" in row:
+            coords = f"slice {row['slice_index']}: {coords}"
         share = f"{100 * row['fraction']:.1f}%"
         table.add_row(str(row["chip"]), coords, bar, _size(row["bytes"]), share)
     return table

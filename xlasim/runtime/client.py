@@ -42,6 +42,8 @@ class Client:
     device_kind: str
     spec: SliceSpec | None = None
     """The TPU slice (None for the CPU client)."""
+    num_slices: int = 1
+    """Slices of ``spec`` joined over DCN: device ids run slice by slice."""
 
     @property
     def is_tpu(self) -> bool:
@@ -58,21 +60,28 @@ class Client:
         slice; CPU devices report their name only."""
         if self.spec is not None:
             # A process per chip sees the slice's chips (or, alone, its first one).
-            return device_attributes(self.spec)[: self.num_devices]
+            return device_attributes(self.spec, self.num_slices)[: self.num_devices]
         return [{"name": f"{self.device_type}:{i}"} for i in range(self.num_devices)]
 
 
-def tpu_client(spec: SliceSpec, host_index: int) -> Client:
+def tpu_client(
+    spec: SliceSpec, host_index: int, num_slices: int = 1, slice_index: int = 0
+) -> Client:
+    """A TPU host's client.  Across slices, PJRT numbers processes and devices slice by slice
+    (torch_xla's global ordinals follow the device ids), so host ``h`` of slice ``s`` is
+    process ``s * hosts + h``."""
     per_host = spec.devices_per_host
+    process = slice_index * spec.num_hosts + host_index
     return Client(
         TPU,
-        spec.num_devices,
-        host_index * per_host,
+        spec.num_devices * num_slices,
+        process * per_host,
         per_host,
-        spec.num_hosts,
-        host_index,
+        spec.num_hosts * num_slices,
+        process,
         spec.device_kind,
         spec,
+        num_slices,
     )
 
 
@@ -145,13 +154,24 @@ def cpu_client(num_devices: int) -> Client:
 
 
 def client_from_env(
-    spec: SliceSpec, host_index: int, environ: Mapping[str, str] = os.environ
+    spec: SliceSpec,
+    host_index: int,
+    environ: Mapping[str, str] = os.environ,
+    num_slices: int = 1,
+    slice_index: int = 0,
 ) -> Client:
     """The client torch_xla would create now, from ``PJRT_DEVICE`` (and ``CPU_NUM_DEVICES``)."""
     device = environ.get("PJRT_DEVICE")
     if not device:
         raise RuntimeError("$PJRT_DEVICE is not set.")
     if device == TPU:
+        if num_slices > 1:
+            if chip_process_client(spec, host_index, environ) is not None:
+                raise NotImplementedError(
+                    "xlasim simulates multislice runs with one process per host (SPMD), not "
+                    "processes that own one chip (TPU_VISIBLE_CHIPS) across slices"
+                )
+            return tpu_client(spec, host_index, num_slices, slice_index)
         return chip_process_client(spec, host_index, environ) or tpu_client(spec, host_index)
     if device == CPU:
         count = xla_env_int("CPU_NUM_DEVICES", 1, environ)

@@ -85,6 +85,8 @@ class HBM:
 
     __slots__ = (
         "spec",
+        "num_slices",
+        "num_chips",
         "num_devices",
         "on_chips",
         "enforce",
@@ -94,9 +96,12 @@ class HBM:
         "peak_bytes",
     )
 
-    def __init__(self, spec: SliceSpec) -> None:
+    def __init__(self, spec: SliceSpec, num_slices: int = 1) -> None:
         self.spec = spec
-        self.num_devices = spec.num_devices
+        self.num_slices = num_slices
+        # Every slice's chips, each with its own HBM: device ids run slice by slice.
+        self.num_chips = spec.num_chips * num_slices
+        self.num_devices = spec.num_devices * num_slices
         """Devices of the process's PJRT client (every process's)."""
         self.on_chips = True
         """Whether the devices are the slice's chips (False: PJRT CPU devices, host memory)."""
@@ -131,7 +136,7 @@ class HBM:
     def chip_bytes(self) -> list[int]:
         k = self.spec.devices_per_chip
         per_device = self.device_bytes()
-        return [sum(per_device[c * k : (c + 1) * k]) for c in range(self.spec.num_chips)]
+        return [sum(per_device[c * k : (c + 1) * k]) for c in range(self.num_chips)]
 
     def _chip_extra(self, chip: int) -> int:
         if self.extra is None:
@@ -145,7 +150,7 @@ class HBM:
         if self.extra is None:
             return 0, self.every * k
         if self._fullest_extra is None:
-            sums = [self._chip_extra(c) for c in range(self.spec.num_chips)]
+            sums = [self._chip_extra(c) for c in range(self.num_chips)]
             best = max(sums)
             self._fullest_extra = (sums.index(best), best)
         chip, extra = self._fullest_extra
@@ -204,7 +209,7 @@ class HBM:
                 )
 
     def _hbm_name(self, device: int) -> str:
-        attrs = device_attributes(self.spec)[device]
+        attrs = device_attributes(self.spec, self.num_slices)[device]
         x, y, z = attrs["coords"]
         return f"{x}x{y}x{z}_HBM{attrs['core_on_chip']}"
 

@@ -75,7 +75,7 @@ def _waiting_said(rt: SimRuntime, addr: str, timeout_s: float) -> Iterator[None]
     """While the hosts meet: a host whose peers do not come says, on stderr, whom it waits for,
     where, and what bounds the wait -- a silent five-minute wait looks like a hang."""
     num_hosts = rt.client.num_processes
-    if rt.host_index == 0:
+    if rt.client.process_index == 0:
         whom = f"hosts 1..{num_hosts - 1} to connect to it at {ADDR_ENV}={addr!r}"
     else:
         whom = f"host 0 at {ADDR_ENV}={addr!r}"
@@ -86,7 +86,7 @@ def _waiting_said(rt: SimRuntime, addr: str, timeout_s: float) -> Iterator[None]
         wait = FIRST_NOTICE_S
         while not met.wait(wait):
             print(
-                f"xlasim: host {rt.host_index} of a {num_hosts}-host {rt.spec.pod_type} slice "
+                f"xlasim: host {rt.client.process_index} of a {num_hosts}-host {_what(rt)} "
                 f"has waited {time.monotonic() - start:.0f} s for {whom}; it gives up after "
                 f"{TIMEOUT_ENV}={timeout_s:g} s",
                 file=sys.stderr,
@@ -113,25 +113,26 @@ def host_link(rt: SimRuntime) -> HostLink | None:
     addr = os.environ.get(ADDR_ENV)
     if not addr:
         raise RuntimeError(
-            f"xlasim: this process is host {rt.host_index} of a {num_hosts}-host "
-            f"{rt.spec.pod_type} slice and needs the other hosts' data here; start one process "
+            f"xlasim: this process is host {rt.client.process_index} of a {num_hosts}-host "
+            f"{_what(rt)} and needs the other hosts' data here; start one process "
             f"per host with {ADDR_ENV}='host:port' (the same address for all, host 0 listens)"
         )
     host, port = _parse_addr(addr)
+    # One group for every host of every slice: slices exchange host-entered data over DCN as
+    # a slice's hosts do, and a host's rank is its process index (slice by slice).
+    rank = rt.client.process_index
     timeout_s = hosts_timeout_s()
     timeout = datetime.timedelta(seconds=timeout_s)
     try:
         with _waiting_said(rt, addr, timeout_s):
-            store = listeners.store(
-                host, port, num_hosts, is_master=rt.host_index == 0, timeout=timeout
-            )
+            store = listeners.store(host, port, num_hosts, is_master=rank == 0, timeout=timeout)
             with stdout_discarded():
                 group = listeners.gloo_group(
-                    dist.PrefixStore("xlasim_hosts", store), rt.host_index, num_hosts, timeout, host
+                    dist.PrefixStore("xlasim_hosts", store), rank, num_hosts, timeout, host
                 )
     except dist.DistError as exc:
         raise TimeoutError(
-            f"xlasim: host {rt.host_index} of a {num_hosts}-host slice could not meet the other "
+            f"xlasim: host {rank} of a {num_hosts}-host {_what(rt)} could not meet the other "
             f"hosts at {ADDR_ENV}={addr!r} within {TIMEOUT_ENV}={timeout_s:g} s: {exc}"
         ) from exc
     rt.hosts = HostLink(group, store, timeout_s)
@@ -157,7 +158,7 @@ def all_gather(rt: SimRuntime, value: torch.Tensor) -> list[torch.Tensor]:
     if rt.single_process or rt.dry_run:
         # One process for all hosts, or shape-only values (every host's copy is alike and no
         # host needs another's).
-        return [value] * rt.spec.num_hosts
+        return [value] * rt.client.num_processes
     link = host_link(rt)
     if link is None:
         return [value]
@@ -183,10 +184,17 @@ def all_gather_ordinals(rt: SimRuntime, ordinals: list[int]) -> list[list[int]]:
     host's are this host's, moved to that host's devices."""
     if rt.single_process:
         per_host = rt.spec.devices_per_host
-        shift = [(h - rt.host_index) * per_host for h in range(rt.spec.num_hosts)]
+        me = rt.client.process_index
+        shift = [(h - me) * per_host for h in range(rt.client.num_processes)]
         return [[o + s for o in ordinals] for s in shift]
     gathered = all_gather(rt, torch.tensor(ordinals, dtype=torch.int64))
     return [[int(o) for o in host] for host in gathered]
+
+
+def _what(rt: SimRuntime) -> str:
+    if rt.num_slices > 1:
+        return f"{rt.num_slices}-slice {rt.spec.pod_type} job"
+    return f"{rt.spec.pod_type} slice"
 
 
 def owner_host(rt: SimRuntime, device: int) -> int:

@@ -104,9 +104,9 @@ def _pending_device_bytes(rt: SimRuntime) -> list[int]:
     return totals
 
 
-def _per_chip(spec: SliceSpec, per_device: list[int]) -> list[int]:
+def _per_chip(spec: SliceSpec, per_device: list[int], num_slices: int = 1) -> list[int]:
     k = spec.devices_per_chip
-    return [sum(per_device[c * k : (c + 1) * k]) for c in range(spec.num_chips)]
+    return [sum(per_device[c * k : (c + 1) * k]) for c in range(spec.num_chips * num_slices)]
 
 
 def _slice(rt: SimRuntime) -> SliceSpec:
@@ -123,20 +123,25 @@ def _slice(rt: SimRuntime) -> SliceSpec:
 def report(rt: SimRuntime) -> list[dict[str, Any]]:
     """One row per chip: index, coords, bytes of buffers, pending bytes, capacity, fraction."""
     spec = _slice(rt)
-    attrs = device_attributes(spec)
+    attrs = device_attributes(spec, rt.num_slices)
     used = rt.memory.chip_bytes()
-    pending = _per_chip(spec, _pending_device_bytes(rt))
-    return [
-        {
-            "chip": chip,
-            "coords": attrs[chip * spec.devices_per_chip]["coords"],
-            "bytes": nbytes,
-            "pending_bytes": pending[chip],
-            "hbm_bytes": spec.hbm_bytes_per_chip,
-            "fraction": nbytes / spec.hbm_bytes_per_chip,
-        }
-        for chip, nbytes in enumerate(used)
-    ]
+    pending = _per_chip(spec, _pending_device_bytes(rt), rt.num_slices)
+    rows: list[dict[str, Any]] = []
+    for chip, nbytes in enumerate(used):
+        first = attrs[chip * spec.devices_per_chip]
+        row: dict[str, Any] = {"chip": chip}
+        if rt.num_slices > 1:
+            # Chips are numbered across slices; coords repeat in each slice.
+            row["slice_index"] = first["slice_index"]
+        row.update(
+            coords=first["coords"],
+            bytes=nbytes,
+            pending_bytes=pending[chip],
+            hbm_bytes=spec.hbm_bytes_per_chip,
+            fraction=nbytes / spec.hbm_bytes_per_chip,
+        )
+        rows.append(row)
+    return rows
 
 
 def device_memory_info(device: torch.device) -> dict[str, int]:

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 
 import torch
 
-from tpu_backend.topology import SliceSpec
+from tpu_backend.topology import SliceSpec, megascale_env
 from xlasim.runtime import autocast, graph, state, tpu_device
 from xlasim.runtime.client import Client, cpu_client, tpu_client
 from xlasim.runtime.device import check_autograd_engine, ensure_device_guard, release_graph_tasks
@@ -150,6 +150,8 @@ def enter(
     *,
     compiler: str | None = None,
     dry_run: bool = False,
+    num_slices: int = 1,
+    slice_index: int = 0,
 ) -> state.SimRuntime:
     """Makes a fresh runtime for host ``host_index`` the active one.
 
@@ -159,7 +161,14 @@ def enter(
     ``run_options``) attaches the real compiler every graph also goes to; ``dry_run`` makes
     values shape-only, CPU-side factories included.
     """
-    runtime = state.SimRuntime(spec, host_index, single_process=single_process, dry_run=dry_run)
+    runtime = state.SimRuntime(
+        spec,
+        host_index,
+        num_slices,
+        slice_index,
+        single_process=single_process,
+        dry_run=dry_run,
+    )
     if compiler == LIBTPU:
         # Deferred: the compile layer imports jax, an optional extra that only a simulation
         # asking for the compiler may load.
@@ -172,6 +181,14 @@ def enter(
         runtime.restore_env(outer.saved_env)
     # On a TPU VM `import torch_xla` selects PJRT_DEVICE=TPU; so does the simulation.
     os.environ["PJRT_DEVICE"] = "TPU"
+    # A multislice job's hosts start with the coordinator variables Ray or GKE give them. The
+    # slice count and index are this simulation's; a coordinator address already set (by
+    # whoever started the process: Ray, `xlasim run`) is the job's own and is kept.
+    for key, value in megascale_env(num_slices, slice_index).items():
+        if key in ("MEGASCALE_NUM_SLICES", "MEGASCALE_SLICE_ID"):
+            os.environ[key] = value
+        else:
+            os.environ.setdefault(key, value)
     if spmd:
         os.environ["XLA_USE_SPMD"] = "1"
     state.push(runtime)

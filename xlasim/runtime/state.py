@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from tpu_backend.topology import SliceSpec, tpu_host_env
+from tpu_backend.topology import SliceSpec, check_num_slices, check_slice_index, tpu_host_env
 from xlasim.runtime.client import Client, client_from_env
 from xlasim.runtime.coordinator import Coordinator
 from xlasim.runtime.graph import GraphCache
@@ -45,6 +45,11 @@ TORCH_XLA_ENV = (
     "TPU_PROCESS_ADDRESSES",
     "TPU_PROCESS_PORT",
     "CLOUD_TPU_TASK_ID",
+    # What a multislice job's hosts get (tpu_backend.topology.megascale_env).
+    "MEGASCALE_COORDINATOR_ADDRESS",
+    "MEGASCALE_PORT",
+    "MEGASCALE_NUM_SLICES",
+    "MEGASCALE_SLICE_ID",
 )
 
 
@@ -66,6 +71,11 @@ class SimRuntime:
 
     spec: SliceSpec
     host_index: int = 0
+    """This host's place in its slice (its ``TPU_WORKER_ID``)."""
+    num_slices: int = 1
+    """Slices of ``spec`` joined over DCN (a multislice job); each has ``spec``'s hosts."""
+    slice_index: int = 0
+    """Which of them this host belongs to (its ``MEGASCALE_SLICE_ID``)."""
     default_device_index: int = 0
     step_closures: list[tuple[bool, Callable[..., Any], tuple[Any, ...]]] = field(
         default_factory=list
@@ -120,7 +130,9 @@ class SimRuntime:
 
     def __post_init__(self) -> None:
         tpu_host_env(self.spec, self.host_index)  # the slice model's host-index check
-        self.memory = HBM(self.spec)
+        check_num_slices(self.num_slices)
+        check_slice_index(self.slice_index, self.num_slices)
+        self.memory = HBM(self.spec, self.num_slices)
         self.graphs = GraphCache(self.metrics, self.memory)
         self.generator = torch.Generator().manual_seed(self.rng_seed)
 
@@ -141,7 +153,8 @@ class SimRuntime:
         return dict(self._saved_env)
 
     def describe(self) -> str:
-        return f"{self.spec.pod_type} ({self.spec.topology}), host {self.host_index}"
+        where = f"slice {self.slice_index} of {self.num_slices}, " if self.num_slices > 1 else ""
+        return f"{self.spec.pod_type} ({self.spec.topology}), {where}host {self.host_index}"
 
     # -- device model --------------------------------------------------------------------
     @property
@@ -168,7 +181,9 @@ class SimRuntime:
         if self._client is None:
             for hook in START_HOOKS:
                 hook(self)
-            self._client = client or client_from_env(self.spec, self.host_index)
+            self._client = client or client_from_env(
+                self.spec, self.host_index, num_slices=self.num_slices, slice_index=self.slice_index
+            )
             if not self._client.is_tpu:
                 self.memory.host_memory(self._client.num_devices)
 

@@ -49,9 +49,13 @@ def device_attributes(spec: SliceLike, num_slices: int = 1) -> list[dict[str, An
             for x, y, z in chips:
                 coords = [hx * cx + x, hy * cy + y, hz * cz + z]
                 for core in range(spec.devices_per_chip):
-                    attrs: dict[str, Any] = {"core_on_chip": core, "num_cores": 1}
+                    # Key order as torch_xla's docs print them (PJRT's attribute map has none
+                    # of its own; 'name' is added last).
+                    attrs: dict[str, Any]
                     if num_slices > 1:
-                        attrs["slice_index"] = slice_index
+                        attrs = {"num_cores": 1, "core_on_chip": core, "slice_index": slice_index}
+                    else:
+                        attrs = {"core_on_chip": core, "num_cores": 1}
                     attrs["coords"] = list(coords)
                     attrs["name"] = f"TPU:{len(out)}"
                     out.append(attrs)

@@ -96,6 +96,12 @@ def unsimulated_reason() -> str | None:
             f"a chip of {rt.spec.devices_per_chip} devices and torch_xla runs one thread per "
             "device in it; v4, v5e, v5p and v6e (one device per chip) are simulated"
         )
+    if rt.num_slices > 1:
+        return (
+            f"xlasim does not simulate xmp.spawn across slices ({rt.num_slices} slices of "
+            f"{rt.spec.pod_type}): the one-chip processes of every slice would have to meet "
+            "over DCN; use SPMD with one process per host"
+        )
     if rt.spec.num_hosts > 1:
         return (
             f"xlasim does not simulate xmp.spawn on a multi-host slice ({rt.spec.pod_type}, "
