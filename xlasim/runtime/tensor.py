@@ -348,9 +348,11 @@ class _OpInfo:
         "generator",
         "cpu_rules",
         "fallback",
+        "scalar_slots",
     )
 
     written: tuple[tuple[int, str], ...]
+    scalar_slots: frozenset[int | str]
     handler: Any
     call: Any
 
@@ -366,7 +368,20 @@ class _OpInfo:
         self.metadata = op in _METADATA
         if self.metadata:  # answered at once: no schema in the dispatcher to look at
             self.written, self.generator, self.cpu_rules, self.fallback = (), False, None, None
+            self.scalar_slots = frozenset()
             return
+        # Where a Python number becomes device data (position and name): a tensor or number
+        # argument, but pow's exponent, which its lowering writes into the graph.
+        self.scalar_slots = (
+            frozenset()
+            if op in _POW_SCALAR
+            else frozenset(
+                slot
+                for i, a in enumerate(op._schema.arguments)
+                if str(a.type) in _SCALAR_TYPES
+                for slot in (i, a.name)
+            )
+        )
         # The arguments it writes (position, name): in-place and out= ops.
         self.written = tuple(
             (i, a.name)
@@ -381,6 +396,11 @@ class _OpInfo:
         # The counter of torch_xla's CPU fallback for an op it does not lower (most: None).
         plain = self.handler is None and not self.identity
         self.fallback = fallback_name(op) if plain else None
+
+
+_CLAMPS = frozenset({aten.clamp.default, aten.clamp_.default})
+_SCALAR_TYPES = frozenset({"Tensor", "Optional[Tensor]", "number", "Optional[number]"})
+_POW_SCALAR = frozenset({aten.pow.Tensor_Scalar, aten.pow_.Scalar, aten.pow.Tensor_Scalar_out})
 
 
 # Keyed by id(op) (an OpOverload's own __hash__ is a Python call); the entry keeps the op
@@ -545,7 +565,9 @@ def _run(info: _OpInfo, args: Any, kwargs: Any) -> Any:
     wrappers: list[XlaSimTensor] = []
     cargs = []
     consts = []  # the other arguments, kept for the HLO text (a list of tensors as None)
-    for a in args:
+    numbers: list[Any] | None = None  # Python numbers (and 0-dim CPU tensors) torch_xla moves
+    slots = info.scalar_slots
+    for i, a in enumerate(args):
         if type(a) is XlaSimTensor:
             _take(a, parts, inputs, wrappers, runtime)
             cargs.append(a._elem)
@@ -553,10 +575,15 @@ def _run(info: _OpInfo, args: Any, kwargs: Any) -> Any:
             c = _unwrap_other(a, parts, inputs, wrappers, runtime)
             cargs.append(c)
             consts.append(a if c is a else None)
+            if slots and i in slots and _is_number(a):
+                numbers = [a] if numbers is None else [*numbers, a]
     facts = (consts, kwargs)
     if runtime.float_storage:
         cargs = [_legacy_scalar(c, runtime.float_storage) for c in cargs]
     if kwargs:
+        if slots:
+            named = [v for k, v in kwargs.items() if k in slots and _is_number(v)]
+            numbers = named if numbers is None else numbers + named
         kwargs = {k: _unwrap_other(v, parts, inputs, wrappers, runtime) for k, v in kwargs.items()}
         if info.generator and kwargs.get("generator") is None:
             kwargs["generator"] = runtime.generator
@@ -575,6 +602,8 @@ def _run(info: _OpInfo, args: Any, kwargs: Any) -> Any:
         raise
     base = hash(tuple(parts))
     device = wrappers[0]._device if wrappers else xla_device(runtime.default_device_index)
+    if numbers:
+        _move_numbers(runtime, numbers, wrappers, device, info.op, args)
     pending = runtime.graphs.pending
     node_inputs = tuple(inputs)
     if type(out) is torch.Tensor:
@@ -613,6 +642,45 @@ def _run(info: _OpInfo, args: Any, kwargs: Any) -> Any:
             for i, o in enumerate(out)
         )
     return out
+
+
+def _is_number(a: Any) -> bool:
+    t = type(a)
+    return (
+        t is float
+        or t is int
+        or (t is torch.Tensor and a.dim() == 0 and a.device.type == "cpu" and not a.is_meta)
+    )
+
+
+def _move_numbers(
+    runtime: Any,
+    numbers: list[Any],
+    wrappers: list[XlaSimTensor],
+    device: torch.device,
+    op: Any,
+    args: Any,
+) -> None:
+    """The numbers an op took, moved to the devices as torch_xla moves them
+    (:mod:`xlasim.runtime.scalar_data`), in the dtype the op computes them in."""
+    if runtime.dry_run:
+        return
+    first = wrappers[0]._elem if wrappers else None
+    if op in _CLAMPS and len(numbers) == 1 and first is not None:
+        # A clamp given one bound moves the dtype's extreme as the other (measured on
+        # torch_xla 2.9: two transfers for ``clamp(min=0.5)``, one for ``clamp_min(0.5)``).
+        info = torch.finfo(first.dtype) if first.is_floating_point() else torch.iinfo(first.dtype)
+        has_min = len(args) > 1 and args[1] is not None
+        numbers = [*numbers, info.max if has_min else info.min]
+    for n in numbers:
+        value = n.item() if type(n) is torch.Tensor else n
+        if first is not None:
+            dtype = torch.result_type(first, n)
+        elif type(n) is torch.Tensor:
+            dtype = n.dtype
+        else:
+            dtype = torch.get_default_dtype() if type(n) is float else torch.int64
+        runtime.scalar_data.use(runtime, value, dtype, device.index or 0)
 
 
 def _legacy_scalar(value: Any, mode: str) -> Any:
