@@ -7,6 +7,7 @@ accounting follows what real torch_xla would do with the same program.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import itertools
@@ -179,6 +180,13 @@ class XlaSimTensor(torch.Tensor):
     def __reduce_ex__(self, proto: Any) -> Any:
         # Pickle like a plain xla tensor (rebuilt from a CPU copy onto its device), not as a
         # subclass: that is what torch does for real xla tensors, and weights_only loads it.
+        if self._is_parameter():
+            # As nn.Parameter pickles: its detached data and the flag, rebuilt as a
+            # Parameter (the data's CPU copy must not carry the gradient graph).
+            return (
+                torch._utils._rebuild_parameter,
+                (self.detach(), self.requires_grad, collections.OrderedDict()),
+            )
         return self._reduce_ex_internal(proto)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Any:
