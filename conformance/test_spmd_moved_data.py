@@ -173,3 +173,24 @@ def test_debug_text_of_moved_data_around_barriers(xla_target):
         head + "ShardingSpec: {replicated}\n" + device_data + sharded
         + "Tensor on host: with size [4, 4]\n}\n"
     )  # fmt: skip
+
+
+def test_eager_mode_runs_the_transfer_without_annotating_it(xla_target):
+    """In eager mode a ``.to('xla')`` (an ``empty`` run at once, then the transfer) and a
+    bare ``empty`` report ``''``, as moved data does lazily, and an eager op on the data
+    leaves it so until the barrier; a filled factory and an op's result run replicated."""
+    import torch_xla
+
+    spmd = _spmd(xla_target)
+    torch_xla.experimental.eager_mode(True)
+    try:
+        moved = _moved()
+        empty = torch.empty(4, 4, device="xla")
+        filled = torch.ones(4, 4, device="xla")
+        assert (spmd(moved), spmd(empty), spmd(filled)) == ("", "", REPLICATED)
+        result = moved * 2
+        assert (spmd(moved), spmd(result)) == ("", REPLICATED)
+        _sync()
+        assert spmd(moved) == REPLICATED
+    finally:
+        torch_xla.experimental.eager_mode(False)

@@ -210,3 +210,49 @@ def test_spmd_execution_time_is_a_duration(xla_target):
     block = report.split("Metric: ExecuteReplicatedTime\n", 1)[1]
     value = block.split("Accumulator: ", 1)[1].split("\n", 1)[0]
     assert re.fullmatch(r"(\d+s)?(\d+ms)?\d+\.\d{3}us", value), value
+
+
+def _numbers_moved(met):
+    """(cache misses, transfers, data handles) so far."""
+    transfers = met.metric_data("TransferToDeviceTime")
+    return (
+        met.counter_value("DeviceDataCacheMiss") or 0,
+        transfers[0] if transfers else 0,
+        met.counter_value("CreateDataHandles") or 0,
+    )
+
+
+@pytest.mark.parametrize("spmd", [False, True], ids=["plain", "spmd"])
+def test_python_numbers_are_moved_once_each(xla_target, spmd):
+    """A number an op takes is device data, moved when first used (per value, in the dtype
+    it is moved as), except 0, 1 and -1, which the graph holds; under SPMD it lands on every
+    device. Read from real torch_xla 2.9 on PJRT CPU (4 devices)."""
+    import torch_xla
+    import torch_xla.debug.metrics as met
+    import torch_xla.runtime as xr
+
+    if spmd:
+        if xla_target.num_devices != 4:
+            pytest.skip(f"written for a 4-device slice, {xla_target} has {xla_target.num_devices}")
+        xr.use_spmd()
+    handles = 4 if spmd else 1
+    dev = torch_xla.device()
+    t = torch.ones(4, 4).to(dev)
+    (t * t).cpu()  # the tensor itself moved before counting
+    met.clear_all()
+    t * 2.25
+    assert _numbers_moved(met) == (1, 1, handles)
+    assert _samples(met, "OutboundData") == (1, 4.0 * handles)  # one float32 per device
+    t + 2.25  # the same value: its data is reused
+    t * 1
+    t * 0.0
+    t * -1
+    assert _numbers_moved(met) == (1, 1, handles)
+    torch_xla.sync()
+    t.add(t, alpha=3)  # an int, moved as the float32 the op computes in
+    t.add(t, alpha=3.0)
+    assert _numbers_moved(met) == (2, 2, 2 * handles)
+    t.clamp(min=0.75)  # and the float32 extreme as the missing bound
+    assert _numbers_moved(met) == (4, 4, 4 * handles)
+    t.pow(3.5)  # pow's exponent is written into the graph
+    assert _numbers_moved(met) == (4, 4, 4 * handles)

@@ -192,3 +192,29 @@ def test_save_loads_back_on_cpu(xla_target, tmp_path):
     assert loaded["nested"][0].dtype == torch.bfloat16
     assert loaded["nested"][1:] == [7, "text"]
     assert data["w"].device == dev  # the caller's tensors stay on the device
+
+
+def test_torch_save_of_device_tensors_loads_them_back_on_the_device(xla_target):
+    """``torch.save`` of device tensors and a Parameter (each rebuilt from a CPU copy onto
+    its device), loaded with the default ``weights_only=True``; read from real torch_xla 2.9
+    on PJRT CPU, where a view's storage holds the view's own bytes."""
+    import io
+
+    import torch_xla
+
+    dev = torch_xla.device()
+    t = torch.arange(6.0, device=dev)
+    param = torch.nn.Parameter(t.clone().reshape(2, 3))
+    buffer = io.BytesIO()
+    torch.save({"t": t, "view": t[1:], "param": param}, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer)
+    for name, nbytes in (("t", 24), ("view", 20), ("param", 24)):
+        value = loaded[name]
+        assert isinstance(value, torch.Tensor)
+        assert (value.device, value.type(), value.is_leaf) == (dev, "torch.xla.FloatTensor", True)
+        assert value.untyped_storage().nbytes() == nbytes
+    assert isinstance(loaded["param"], torch.nn.Parameter)
+    assert loaded["param"].requires_grad and not loaded["t"].requires_grad
+    assert loaded["param"].cpu().tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+    assert loaded["view"].cpu().tolist() == [1.0, 2.0, 3.0, 4.0, 5.0]

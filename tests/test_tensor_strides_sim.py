@@ -138,3 +138,47 @@ def test_writes_are_counted_only_while_a_copy_of_their_storage_is_held(xlasim_si
     del x, y, held
     gc.collect()
     assert set(sim_tensor._WATCHED) <= earlier
+
+
+def test_writes_off_the_op_path_make_a_copied_view_stale(xlasim_sim):
+    """A CPU-fallback in-place op and batch norm's running statistics write into the CPU
+    values without a new IR value of their own; a copy taken before still counts as stale."""
+    import torch_xla
+
+    dev = torch_xla.device()
+    x = _grid(dev)
+    flat = x.t().reshape(12)
+    x.hypot_(torch.ones(3, 4, device=dev))  # torch_xla 2.9 runs hypot_ on its CPU fallback
+    with pytest.raises(NotImplementedError, match="written in place since"):
+        flat.cpu()
+    norm = torch.nn.BatchNorm1d(4).to(dev)
+    stats = norm.running_var.view(2, 2).t().reshape(4)
+    norm(torch.randn(8, 4, device=dev))
+    with pytest.raises(NotImplementedError, match="written in place since"):
+        stats.cpu()
+
+
+def test_as_strided_read_from_other_values_is_held_as_a_copy(xlasim_sim):
+    """``as_strided`` of a transposed tensor reads its logical order (a copy of the CPU
+    values), and of a slice the tensor the slice was taken from. torch_xla writes into the
+    latter elsewhere than it read, and so for strides that skip elements (measured on
+    torch_xla 2.9 CPU: ``base.as_strided((2, 2), (1, 3), 1).mul_(-1)`` negates elements
+    1, 2, 3, 4 of ``base``, not 1, 2, 4, 5): those refuse writes and go stale."""
+    import torch_xla
+
+    dev = torch_xla.device()
+    base = _grid(dev)
+    of_t = base.t().as_strided((2, 2), (1, 2), 1)
+    of_slice = base[1:].as_strided((2, 2), (1, 2), 1)
+    skipping = base.as_strided((2, 2), (1, 3), 1)
+    for view in (of_t, of_slice, skipping):
+        with pytest.raises(NotImplementedError, match="in-place"):
+            view.mul_(2)
+    # Consecutive elements of the tensor's own values: a view, written through as on CPU
+    # (the same result on torch_xla 2.9 CPU).
+    dense = base.as_strided((2, 2), (1, 2), 1)
+    dense.mul_(torch.tensor([[10.0, 20.0], [30.0, 40.0]], device=dev))
+    assert base.cpu().view(-1)[:6].tolist() == [0.0, 10.0, 60.0, 60.0, 160.0, 5.0]
+    for view in (of_t, of_slice, skipping):
+        with pytest.raises(NotImplementedError, match="written in place since"):
+            view.cpu()

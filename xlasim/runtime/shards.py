@@ -16,7 +16,7 @@ import torch
 
 from xlasim.runtime import hosts, memory, state
 from xlasim.runtime.state import SimRuntime
-from xlasim.runtime.tensor import materialize, wrap_data
+from xlasim.runtime.tensor import materialize, replace_values, wrap_data
 from xlasim.sharding.op_sharding import OpSharding, replica_and_indices
 from xlasim.sharding.tensor_sharding import TensorSharding
 
@@ -124,7 +124,7 @@ def place_input(x: Any, sharding: TensorSharding | None) -> Any:
     else:
         value = assemble_from_hosts(rt, local, spec)
     if tuple(value.shape) == tuple(x.shape):
-        x._elem = value
+        replace_values(x, value)
         memory.reshard(rt, x, spec)
         return x
     return wrap_data(value, x.device, spec)

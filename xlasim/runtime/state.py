@@ -19,6 +19,7 @@ from xlasim.runtime.coordinator import Coordinator
 from xlasim.runtime.graph import GraphCache
 from xlasim.runtime.hbm import HBM
 from xlasim.runtime.metrics import Metrics
+from xlasim.runtime.scalar_data import ScalarData
 from xlasim.runtime.settings import (
     MAT_MUL_PRECISION_ENV,
     NUMERICS,
@@ -124,6 +125,8 @@ class SimRuntime:
     """How the devices store floating values: ``""`` as their dtype, or the legacy bfloat16
     variable in force (``xlasim.runtime.legacy_bf16``); None until the first floating tensor."""
     graphs: GraphCache = field(init=False)
+    scalar_data: ScalarData = field(default_factory=ScalarData)
+    """The device data torch_xla has moved for Python numbers ops took (a cache)."""
     generator: torch.Generator = field(init=False)
     _client: Client | None = field(default=None, init=False, repr=False)
     _saved_env: dict[str, str | None] = field(default_factory=dict, init=False, repr=False)

@@ -7,6 +7,7 @@ accounting follows what real torch_xla would do with the same program.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import itertools
@@ -23,6 +24,7 @@ from xlasim.runtime import graph as _graph
 from xlasim.runtime import legacy_bf16 as _legacy_bf16
 from xlasim.runtime import numerics as _numerics
 from xlasim.runtime import state as _runtime
+from xlasim.runtime import strided as _strided
 from xlasim.runtime.device import FactoryKernels, set_wrapper_shape, xla_strides
 from xlasim.runtime.graph import CompileError, CustomCall, InputRef, Node, RecordedCall, stable_id
 from xlasim.runtime.kernel_inputs import check_cpu_inputs, rules_for
@@ -92,6 +94,9 @@ class XlaSimTensor(torch.Tensor):
     """A view torch_xla makes that the CPU values could only take as a copy (a transposed
     tensor viewed to a new shape): the source's values (kept alive), their storage, its count
     of writes then, and the op (see :func:`_layout_view`). None for every other tensor."""
+    _slice_root: XlaSimTensor | None
+    """The tensor a chain of ``slice`` views (or ``as_strided``) started from, which
+    torch_xla keeps on each of them and reads ``as_strided`` against; None for the rest."""
 
     __slots__ = (
         "_elem",
@@ -110,6 +115,7 @@ class XlaSimTensor(torch.Tensor):
         "_buf",
         "_manual",
         "_copied",
+        "_slice_root",
     )
 
     @staticmethod
@@ -174,6 +180,13 @@ class XlaSimTensor(torch.Tensor):
     def __reduce_ex__(self, proto: Any) -> Any:
         # Pickle like a plain xla tensor (rebuilt from a CPU copy onto its device), not as a
         # subclass: that is what torch does for real xla tensors, and weights_only loads it.
+        if self._is_parameter():
+            # As nn.Parameter pickles: its detached data and the flag, rebuilt as a
+            # Parameter (the data's CPU copy must not carry the gradient graph).
+            return (
+                torch._utils._rebuild_parameter,
+                (self.detach(), self.requires_grad, collections.OrderedDict()),
+            )
         return self._reduce_ex_internal(proto)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Any:
@@ -206,6 +219,9 @@ class XlaSimTensor(torch.Tensor):
             return _METADATA[func]
         if _COPIES_SEEN and info.written:
             _refuse_copy_writes(info, args, kwargs)
+            # Counted here too for the paths that write without ``_update``: a CPU fallback,
+            # an argument written but not returned.
+            _count_written(info, args, kwargs)
         if _MANUAL_SEEN and _any_manual(args, kwargs):
             return _run_per_device(info, args, kwargs or {})
         if info.handler is not None:
@@ -254,6 +270,8 @@ def _identity(info: _OpInfo, src: XlaSimTensor, kwargs: Any = None) -> XlaSimTen
         _check_copy_fresh(src)
         if info.op is not aten.clone.default:  # an alias holds the same copy
             _hold_copy(out, src._copied)
+    if info.op is not aten.clone.default:  # an alias keeps the slice's root; a clone does not
+        out._slice_root = src._slice_root
     out._sharding = src._sharding
     out._buf = src._buf  # the same value: one buffer
     # The alias holds the same data in the same state (on the host still, moved at the same
@@ -298,6 +316,7 @@ def _new(elem: torch.Tensor, device: torch.device, node: Node | None, rt: Any) -
     r._buf = None
     r._manual = None
     r._copied = None
+    r._slice_root = None
     r._leaf = None
     # True while pending IR updates device data in place (XLA aliases that buffer).
     r._aliased = False
@@ -337,9 +356,13 @@ class _OpInfo:
         "generator",
         "cpu_rules",
         "fallback",
+        "scalar_slots",
     )
 
     written: tuple[tuple[int, str], ...]
+    scalar_slots: frozenset[int | str]
+    handler: Any
+    call: Any
 
     def __init__(self, op: Any) -> None:
         self.op = op
@@ -353,7 +376,20 @@ class _OpInfo:
         self.metadata = op in _METADATA
         if self.metadata:  # answered at once: no schema in the dispatcher to look at
             self.written, self.generator, self.cpu_rules, self.fallback = (), False, None, None
+            self.scalar_slots = frozenset()
             return
+        # Where a Python number becomes device data (position and name): a tensor or number
+        # argument, but pow's exponent, which its lowering writes into the graph.
+        self.scalar_slots = (
+            frozenset()
+            if op in _POW_SCALAR
+            else frozenset(
+                slot
+                for i, a in enumerate(op._schema.arguments)
+                if str(a.type) in _SCALAR_TYPES
+                for slot in (i, a.name)
+            )
+        )
         # The arguments it writes (position, name): in-place and out= ops.
         self.written = tuple(
             (i, a.name)
@@ -368,6 +404,11 @@ class _OpInfo:
         # The counter of torch_xla's CPU fallback for an op it does not lower (most: None).
         plain = self.handler is None and not self.identity
         self.fallback = fallback_name(op) if plain else None
+
+
+_CLAMPS = frozenset({aten.clamp.default, aten.clamp_.default})
+_SCALAR_TYPES = frozenset({"Tensor", "Optional[Tensor]", "number", "Optional[number]"})
+_POW_SCALAR = frozenset({aten.pow.Tensor_Scalar, aten.pow_.Scalar, aten.pow.Tensor_Scalar_out})
 
 
 # Keyed by id(op) (an OpOverload's own __hash__ is a Python call); the entry keeps the op
@@ -532,7 +573,9 @@ def _run(info: _OpInfo, args: Any, kwargs: Any) -> Any:
     wrappers: list[XlaSimTensor] = []
     cargs = []
     consts = []  # the other arguments, kept for the HLO text (a list of tensors as None)
-    for a in args:
+    numbers: list[Any] | None = None  # Python numbers (and 0-dim CPU tensors) torch_xla moves
+    slots = info.scalar_slots
+    for i, a in enumerate(args):
         if type(a) is XlaSimTensor:
             _take(a, parts, inputs, wrappers, runtime)
             cargs.append(a._elem)
@@ -540,10 +583,15 @@ def _run(info: _OpInfo, args: Any, kwargs: Any) -> Any:
             c = _unwrap_other(a, parts, inputs, wrappers, runtime)
             cargs.append(c)
             consts.append(a if c is a else None)
+            if slots and i in slots and _is_number(a):
+                numbers = [a] if numbers is None else [*numbers, a]
     facts = (consts, kwargs)
     if runtime.float_storage:
         cargs = [_legacy_scalar(c, runtime.float_storage) for c in cargs]
     if kwargs:
+        if slots:
+            named = [v for k, v in kwargs.items() if k in slots and _is_number(v)]
+            numbers = named if numbers is None else numbers + named
         kwargs = {k: _unwrap_other(v, parts, inputs, wrappers, runtime) for k, v in kwargs.items()}
         if info.generator and kwargs.get("generator") is None:
             kwargs["generator"] = runtime.generator
@@ -562,6 +610,8 @@ def _run(info: _OpInfo, args: Any, kwargs: Any) -> Any:
         raise
     base = hash(tuple(parts))
     device = wrappers[0]._device if wrappers else xla_device(runtime.default_device_index)
+    if numbers:
+        _move_numbers(runtime, numbers, wrappers, device, info.op, args)
     pending = runtime.graphs.pending
     node_inputs = tuple(inputs)
     if type(out) is torch.Tensor:
@@ -600,6 +650,45 @@ def _run(info: _OpInfo, args: Any, kwargs: Any) -> Any:
             for i, o in enumerate(out)
         )
     return out
+
+
+def _is_number(a: Any) -> bool:
+    t = type(a)
+    return (
+        t is float
+        or t is int
+        or (t is torch.Tensor and a.dim() == 0 and a.device.type == "cpu" and not a.is_meta)
+    )
+
+
+def _move_numbers(
+    runtime: Any,
+    numbers: list[Any],
+    wrappers: list[XlaSimTensor],
+    device: torch.device,
+    op: Any,
+    args: Any,
+) -> None:
+    """The numbers an op took, moved to the devices as torch_xla moves them
+    (:mod:`xlasim.runtime.scalar_data`), in the dtype the op computes them in."""
+    if runtime.dry_run:
+        return
+    first = wrappers[0]._elem if wrappers else None
+    if op in _CLAMPS and len(numbers) == 1 and first is not None:
+        # A clamp given one bound moves the dtype's extreme as the other (measured on
+        # torch_xla 2.9: two transfers for ``clamp(min=0.5)``, one for ``clamp_min(0.5)``).
+        info = torch.finfo(first.dtype) if first.is_floating_point() else torch.iinfo(first.dtype)
+        has_min = len(args) > 1 and args[1] is not None
+        numbers = [*numbers, info.max if has_min else info.min]
+    for n in numbers:
+        value = n.item() if type(n) is torch.Tensor else n
+        if first is not None:
+            dtype = torch.result_type(first, n)
+        elif type(n) is torch.Tensor:
+            dtype = n.dtype
+        else:
+            dtype = torch.get_default_dtype() if type(n) is float else torch.int64
+        runtime.scalar_data.use(runtime, value, dtype, device.index or 0)
 
 
 def _legacy_scalar(value: Any, mode: str) -> Any:
@@ -1046,6 +1135,9 @@ def wrap_factory(elem: torch.Tensor, device: torch.device | None) -> XlaSimTenso
         # torch_xla runs the new tensor's IR (a constant fill) at once, even when a transfer
         # overwrites it next: a ``.to('xla')`` costs an eager op too.
         graphs.execute([t], sync_all=False, spmd=runtime.spmd, eager=True)
+        # Its spec stays unset all the same, so a ``.to('xla')`` reports ``''`` until used
+        # (measured on torch_xla 2.9 under SPMD, where a filled factory reports replicated).
+        t._sharding = None
     return t
 
 
@@ -1210,6 +1302,40 @@ def _layout_view(func, args, kwargs):
     return _mark_copied(out, args[0], func)
 
 
+def _slice(func, args, kwargs):
+    """``slice``: torch_xla keeps the tensor the chain of slices started from on the result
+    (``as_strided`` reads against it)."""
+    out = _run_op(func, args, kwargs)
+    src = args[0]
+    out._slice_root = src._slice_root if src._slice_root is not None else src
+    return out
+
+
+def _as_strided(func, args, kwargs):
+    """``as_strided`` as torch_xla reads it (:mod:`xlasim.runtime.strided`): against the
+    row-major values of its input's slice root, or of the input itself, computed on them.
+
+    The result is a view of the input's CPU values only where torch_xla's write into it
+    lands where the CPU's does: strides that cover consecutive elements, read from the
+    input's own values laid out row-major. Elsewhere it is held as a copy (``_mark_copied``:
+    writes into it are refused, a write into its source makes it stale), as torch_xla writes
+    elsewhere than it read (measured: other strides write the values back as consecutive
+    elements; a slice's write lands in the slice at the offset its root was read at)."""
+    src = args[0]
+    offset = args[3] if len(args) > 3 else kwargs.get("storage_offset")
+    root = src._slice_root if src._slice_root is not None else src
+    call = (root, args[1], args[2], offset or 0)  # an xla tensor's storage offset is 0
+    out = _run_recorded(_STRIDED, call, {}) if _graph.RECORD_CALLS else _run(_STRIDED, call, {})
+    out._slice_root = root
+    if (
+        root is not src
+        or not root._elem.is_contiguous()
+        or not _strided.non_overlapping_and_dense(args[1], args[2])
+    ):
+        _mark_copied(out, root, func)
+    return out
+
+
 def _views_as_is(func: Any, args: Any, kwargs: Any) -> bool:
     """Whether view op ``func`` can view the CPU values of its input as they are laid out."""
     elem = args[0]._elem
@@ -1277,6 +1403,29 @@ def _count_write(value: torch.Tensor) -> None:
             entry[0] += 1
 
 
+def _count_written(info: _OpInfo, args: Any, kwargs: Any) -> None:
+    """Counts a write into each argument op ``info`` writes (before it writes: a count only
+    has to differ from the one a copy was taken at)."""
+    for index, name in info.written:
+        a = args[index] if index < len(args) else (kwargs or {}).get(name)
+        if type(a) is XlaSimTensor:
+            _count_write(a._elem)
+
+
+def note_write(t: XlaSimTensor) -> None:
+    """Before ``t``'s CPU values are written in place off the op path (shards loaded into
+    them): a copied view taken from them counts as stale after."""
+    if _COPIES_SEEN:
+        _count_write(t._elem)
+
+
+def replace_values(t: XlaSimTensor, value: torch.Tensor) -> None:
+    """Gives ``t`` new CPU values (a reshard assembling them from the hosts): a copied view
+    taken from the old ones can no longer see the tensor's writes, so it counts as stale."""
+    note_write(t)
+    t._elem = value
+
+
 def _inherit_copy(src: Any, out: Any) -> None:
     """A view of a copied view holds (part of) the same copy."""
     copied = getattr(src, "_copied", None)
@@ -1292,7 +1441,8 @@ def _check_copy_fresh(t: XlaSimTensor) -> None:
     if _WATCHED.get(storage, (writes,))[0] != writes:
         raise NotImplementedError(
             f"xlasim: this tensor is {op}() of a tensor whose values are laid out otherwise "
-            f"(a transposed or permuted one), and that tensor has been written in place since; "
+            f"(a transposed or permuted one, or, for as_strided, the tensor a slice was taken "
+            f"from), and that tensor has been written in place since; "
             f"torch_xla keeps the two views of one value, so this one shows the write, while "
             f"the simulator holds a copy taken before it. Take the {op}() after the write, "
             f"or clone() the tensor before it"
@@ -1311,9 +1461,10 @@ def _copy_written(t: XlaSimTensor, op: Any) -> NotImplementedError:
     source_op = t._copied[3]  # type: ignore[index]
     return NotImplementedError(
         f"xlasim: in-place {op} on {source_op}() of a tensor whose values are laid out "
-        f"otherwise (a transposed or permuted one): torch_xla keeps the two views of one "
-        f"value, so the write changes both, while the simulator holds a copy and cannot pass "
-        f"the write on. clone() the view to write into a tensor of its own"
+        f"otherwise (a transposed or permuted one, or, for as_strided, the tensor a slice was "
+        f"taken from): torch_xla keeps the two views of one value, so the write changes both, "
+        f"while the simulator holds a copy and cannot pass the write on. clone() the view to "
+        f"write into a tensor of its own"
     )
 
 
@@ -1389,6 +1540,10 @@ def _native_batch_norm(func, args, kwargs):
     momentum = given["momentum"]
     batch_var = x.var(dim=[d for d in range(x.dim()) if d != 1], unbiased=False)
     running_var._elem.copy_(batch_var * momentum + before * (1 - momentum))
+    if _COPIES_SEEN:  # the schema marks no argument written: the statistics are counted here
+        for stat in (given.get("running_mean"), running_var):
+            if isinstance(stat, XlaSimTensor):
+                _count_write(stat._elem)
     return out
 
 
@@ -1406,12 +1561,20 @@ _SPECIAL = {
     aten.clone.default: _clone,
     aten.copy_.default: _copy_,
     aten._local_scalar_dense.default: _local_scalar_dense,
+    aten.slice.Tensor: _slice,
+    aten.as_strided.default: _as_strided,
     aten.view.default: _layout_view,
     aten._unsafe_view.default: _layout_view,
     aten.view.dtype: _layout_view,
     aten.view_as_complex.default: _layout_view,
     aten.view_as_real.default: _layout_view,
 }
+
+
+# as_strided computed against its input's reference values (the handler picks them).
+_STRIDED = _OpInfo(aten.as_strided.default)
+_STRIDED.handler = None
+_STRIDED.call = _strided.compute
 
 
 def _copy_into(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:

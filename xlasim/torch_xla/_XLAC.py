@@ -39,6 +39,8 @@ from xlasim.runtime.tensor import (
     ir_hash,
     mark_uploaded,
     materialize,
+    note_write,
+    replace_values,
     wrap_data,
 )
 from xlasim.sharding import op_sharding
@@ -417,7 +419,7 @@ def _xla_mark_sharding(t: Any, sharding: OpSharding) -> None:
     start = time.perf_counter_ns()
     if rt.client.num_processes > 1:
         # The transfer takes each device's shard from the host that owns the device.
-        x._elem = assemble_from_hosts(rt, global_value(x), new)
+        replace_values(x, assemble_from_hosts(rt, global_value(x), new))
     state.count("VirtualDeviceUsage")
     _set_sharding(x, new)
     # The data moves to the devices as one buffer per addressable device.
@@ -591,6 +593,7 @@ def _load_local_shards(t: Any, shards: Sequence[torch.Tensor], devices: Sequence
     place_shards(value, sharding, shards, ordinals)
     # Written into the data in place: every alias of the tensor (a state_dict's detached
     # entries and the parameters they came from) sees the loaded shards, as in torch_xla.
+    note_write(x)
     x._elem.detach().copy_(value)
     x._node = None
     x._computed, x._uploaded_at = False, None  # debug text of loaded shards: not known
