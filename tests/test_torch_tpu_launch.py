@@ -118,6 +118,10 @@ def test_one_host_gets_a_topology_and_an_address_per_process(launch_env: None) -
         del os.environ["TORCH_TPU_TOPOLOGY"]
         with pytest.raises(RuntimeError, match="No TPU topology found for count: 3"):
             _set(nproc_per_node=3)
+    for name in _LAUNCH_VARS:
+        os.environ.pop(name, None)
+    with xlasim.simulate("2x2x1", "v7x"):  # 4 chips of 2 devices each: TorchTPU counts 8
+        assert _set()["TORCH_TPU_TOPOLOGY"] == "2,2,1,2"
 
 
 @pytest.mark.parametrize("host", range(4))

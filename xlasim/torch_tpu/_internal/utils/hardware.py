@@ -32,9 +32,10 @@ _TOPOLOGIES: dict[str, dict[int, str]] = {
 
 
 def get_tpu_device_count() -> int:
-    """Chips on this host's PCI bus: the simulated host's, or none outside a simulation."""
+    """TPU devices on this host's PCI bus: the simulated host's (a chip's cores each where a
+    chip exposes several, as v7's two), or none outside a simulation."""
     runtime = state.active()
-    return runtime.spec.chips_per_host if runtime is not None else 0
+    return runtime.spec.devices_per_host if runtime is not None else 0
 
 
 def get_tpu_device_name() -> str:
