@@ -306,6 +306,8 @@ def test_same_loop_on_torch_tpus_tpu_device():
         torch.set_float32_matmul_precision("highest")  # TorchTPU's HIGHEST, to compare with CPU
         tpu = same_loop()
         info = detect_device()
+        with pytest.raises(ValueError, match="torch.tpu has no per-process memory fraction"):
+            SeamlessTPUTrainer(memory_fraction=0.5)
     assert (info.kind, info.device, tpu["kind"]) == ("tpu", torch.device("tpu", 0), "tpu")
     # Eager: no graphs to count, nothing to synchronize; the losses are the CPU's.
     assert tpu["stats"] == [None] * 8 and tpu["cache"] is None
