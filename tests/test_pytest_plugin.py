@@ -607,3 +607,41 @@ def test_an_eager_backward_before_the_first_simulator_test_does_not_break_it(
     )
     result = run_sim(pytester, "-p", "no:randomly")
     result.assert_outcomes(passed=2)
+
+
+# -- TorchTPU's tpu device: the torch_tpu_target fixture ---------------------------------------
+
+# The sim instance runs in docs/torch-tpu.md's pytest example (tests/test_docs.py).
+
+
+def test_torch_tpu_target_is_skipped_with_reason_without_chips(
+    pytester: pytest.Pytester, no_tpu: Path
+) -> None:
+    pytester.makepyfile(
+        """
+        def test_t(torch_tpu_target):
+            raise AssertionError('must not run')
+
+        def test_x(xla_target):
+            pass
+        """
+    )
+    # Its real target is TorchTPU's alone: xla_target tests have no [torch_tpu] instance.
+    result = run(pytester, "--xla-targets", "torch_tpu,tpu", "-m", "torch_tpu")
+    result.assert_outcomes(skipped=1, deselected=1)
+    result.stdout.fnmatch_lines(
+        ["SKIPPED*torch_tpu target unavailable: no TPU chips on this host*"]
+    )
+
+
+def test_torch_tpu_target_needs_the_real_package_on_a_tpu_vm(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    root = _fake_pci(tmp_path / "pci", [("0x1ae0", "0x006f")] * 4)  # a v6e-4 host's chips
+    monkeypatch.setattr(machine, "PCI_DEVICES_ROOT", str(root))
+    pytester.makepyfile("def test_t(torch_tpu_target): raise AssertionError('must not run')")
+    result = run(pytester, "--xla-targets", "torch_tpu", "-m", "torch_tpu")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(
+        ["SKIPPED*torch_tpu target unavailable: real torch_tpu is not installed for *"]
+    )

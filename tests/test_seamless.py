@@ -297,6 +297,25 @@ def test_same_loop_on_cpu_and_on_a_simulated_tpu():
     assert xla["losses"][-1] < xla["losses"][0]
 
 
+@pytest.mark.skipif(torch.__version__ < "2.11", reason="TorchTPU 0.2.0 needs torch >= 2.11")
+def test_same_loop_on_torch_tpus_tpu_device():
+    cpu = same_loop()
+    with xlasim.simulate("2x2"):
+        import torch_tpu  # noqa: F401  (loaded: its tpu device is the loop's)
+
+        torch.set_float32_matmul_precision("highest")  # TorchTPU's HIGHEST, to compare with CPU
+        tpu = same_loop()
+        info = detect_device()
+        with pytest.raises(ValueError, match="torch.tpu has no per-process memory fraction"):
+            SeamlessTPUTrainer(memory_fraction=0.5)
+    assert (info.kind, info.device, tpu["kind"]) == ("tpu", torch.device("tpu", 0), "tpu")
+    # Eager: no graphs to count, nothing to synchronize; the losses are the CPU's.
+    assert tpu["stats"] == [None] * 8 and tpu["cache"] is None
+    assert tpu["losses"] == pytest.approx(cpu["losses"], rel=RTOL)
+    # Outside the simulation TorchTPU finds no chip: the loop is back on the CPU.
+    assert detect_device().kind in ("cpu", "cuda")
+
+
 @pytest.mark.mat_mul_precision("highest")
 def test_same_loop_under_spmd_on_a_simulated_slice():
     cpu = same_loop()

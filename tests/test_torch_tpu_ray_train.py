@@ -1,4 +1,5 @@
-"""Ray 2.60's own ``ray.train.torch.TorchTrainer`` with TPU workers, on a simulated v6e host.
+"""Ray 2.60's own ``ray.train.torch.TorchTrainer`` with TPU workers, on simulated v6e slices:
+one host of 8 chips (2x4) and four hosts of 4 (4x4).
 
 Nothing of the project stands between Ray and the simulated TorchTPU: a ScalingConfig with
 ``use_tpu=True`` and ``{"TPU": 1}`` per worker makes Ray pick its ``tpu_dist`` backend
@@ -27,8 +28,7 @@ from ray.train.torch import TorchTrainer  # noqa: E402
 from xlasim.ray.cluster import fit_with_deadline  # noqa: E402
 
 FIT_TIMEOUT_S = 300
-WORKERS = 8
-GLOBAL_BATCH = 16
+GLOBAL_BATCH = 16  # one sample per worker on the 16 chips of a 4x4
 STEPS = 2
 # One Ray cluster at a time on this machine: xdist runs the "ray" group on one worker.
 pytestmark = [
@@ -83,6 +83,7 @@ def _train_loop(config: dict[str, Any]) -> None:
         "backend": torch.distributed.get_backend(),
         "model": type(model).__name__,
         "visible_chips": os.environ.get("TPU_VISIBLE_CHIPS"),
+        "host": int(os.environ["TPU_WORKER_ID"]),
         "bound_chip": hardware.bound_chip(),
         # torch.accelerator, not torch.tpu: a driver that has loaded TorchTPU (an earlier test
         # in this process) would have cloudpickle copy torch.tpu's modules by value.
@@ -111,31 +112,38 @@ def _eager_cpu_losses() -> list[float]:
     return losses
 
 
-@pytest.fixture
-def v6e_8_host(tpu_clusters: Any) -> Any:
-    # Ray Train gives every worker a CPU beside its chip: the host has one per chip.
-    return tpu_clusters.get("2x4", "v6e", num_cpus_per_host=WORKERS, startup_timeout_s=120)
+# (topology, hosts, chips per host) of the v6e slices Ray runs a worker per chip on.
+SLICES = [
+    pytest.param("2x4", 1, 8, id="v6e-8"),
+    pytest.param("4x4", 4, 4, id="v6e-16"),
+]
 
 
-def test_torch_trainer_trains_ddp_over_tpu_dist(v6e_8_host: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("topology", "hosts", "chips"), SLICES)
+def test_torch_trainer_trains_ddp_over_tpu_dist(
+    tpu_clusters: Any, tmp_path: Path, topology: str, hosts: int, chips: int
+) -> None:
     import ray.cloudpickle
 
+    # Ray Train gives every worker a CPU beside its chip: each host has one per chip.
+    tpu_clusters.get(topology, "v6e", num_cpus_per_host=chips, startup_timeout_s=120)
     # Workers cannot import this test module: ship the loop by value.
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    workers = hosts * chips
     trainer = TorchTrainer(
         _train_loop,
         train_loop_config={"out": str(tmp_path)},
         scaling_config=ScalingConfig(
             use_tpu=True,
-            topology="2x4",
+            topology=topology,
             accelerator_type="TPU-V6E",
-            num_workers=WORKERS,
+            num_workers=workers,
             resources_per_worker={"TPU": 1},
         ),
         run_config=RunConfig(storage_path=str(tmp_path / "ray_results")),
     )
     fit_with_deadline(trainer, FIT_TIMEOUT_S)
-    records = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(WORKERS)]
+    records = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(workers)]
     for r in records:
         assert (r["device"], r["param_device"], r["batch_device"]) == ("tpu", "tpu:0", "tpu:0")
         assert (r["backend"], r["model"], r["device_count"]) == (
@@ -145,7 +153,10 @@ def test_torch_trainer_trains_ddp_over_tpu_dist(v6e_8_host: Any, tmp_path: Path)
         )
         # Ray hands each worker one chip; the simulated TorchTPU's device is that chip.
         assert r["bound_chip"] == int(r["visible_chips"])
-    assert sorted(r["bound_chip"] for r in records) == list(range(WORKERS))
+    # One worker on every chip of every host.
+    assert sorted((r["host"], r["bound_chip"]) for r in records) == [
+        (h, c) for h in range(hosts) for c in range(chips)
+    ]
     mean = torch.tensor([r["losses"] for r in records]).mean(0)
     torch.testing.assert_close(mean, torch.tensor(_eager_cpu_losses()))
 

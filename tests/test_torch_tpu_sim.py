@@ -368,8 +368,8 @@ def test_what_is_not_simulated_says_so(tpu: Any) -> None:
 
     with pytest.raises(NotImplementedError, match="window_num_stripes is not simulated"):
         _ = tpu_distributed.window_num_stripes
-    with pytest.raises(NotImplementedError, match="set_tpu_launch_env is not simulated"):
-        tpu_distributed.set_tpu_launch_env(nproc_per_node=4)
+    with pytest.raises(NotImplementedError, match="spmd_safe is not simulated"):
+        tpu_distributed.spmd_safe()
     assert "tpu_dist" in torch.distributed.Backend.backend_list
 
 

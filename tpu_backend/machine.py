@@ -94,3 +94,35 @@ def real_torch_xla_loaded() -> bool:
     return module is not None and isinstance(
         getattr(module, "__loader__", None), importlib.machinery.ExtensionFileLoader
     )
+
+
+# TorchTPU 0.2.0's wheel requires torch>=2.11.0,<=2.15.0.
+TORCH_TPU_TORCH_RANGE = ((2, 11), (2, 15))
+
+
+def _torch_major_minor() -> tuple[int, int] | None:
+    try:
+        version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    major, minor = version.split("+")[0].split(".")[:2]
+    return int(major), int(minor)
+
+
+def torch_tpu_torch_unsupported() -> str | None:
+    """Why this environment's torch cannot run TorchTPU 0.2.0 (real or simulated), or None."""
+    low, high = TORCH_TPU_TORCH_RANGE
+    have = _torch_major_minor()
+    if have is not None and low <= have <= high:
+        return None
+    shown = "?" if have is None else ".".join(map(str, have))
+    return f"TorchTPU 0.2.0 needs torch 2.11 to 2.15, this environment has torch {shown}"
+
+
+def real_torch_tpu_unavailable() -> str | None:
+    """Why this interpreter (or a child with the same ``sys.path``) cannot import the real
+    TorchTPU (``torch_tpu``), or None when it can; an import hook cannot answer for it."""
+    found = importlib.machinery.PathFinder.find_spec("torch_tpu")
+    if found is None or found.origin is None:
+        return f"real torch_tpu is not installed for {sys.executable}"
+    return torch_tpu_torch_unsupported()

@@ -119,7 +119,13 @@ class SeamlessConfig:
             )
 
     def check_device(self, kind: str) -> None:
-        """Reject settings that have no meaning on the device kind ('xla', 'cuda', 'cpu')."""
+        """Reject settings that have no meaning on the device kind ('tpu', 'xla', 'cuda',
+        'cpu')."""
+        if self.memory_fraction is not None and kind == "tpu":
+            raise ValueError(
+                f"memory_fraction={self.memory_fraction!r} is not supported on TorchTPU's tpu "
+                f"device: torch.tpu has no per-process memory fraction; it applies on CUDA only"
+            )
         if self.memory_fraction is not None and kind == "xla":
             raise ValueError(
                 f"memory_fraction={self.memory_fraction!r} is not supported on XLA: torch_xla "

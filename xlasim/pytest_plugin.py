@@ -7,6 +7,9 @@ Loaded through the ``pytest11`` entry point (installing xlasim is enough).  See
   ``sim`` (the simulator, mark ``cpu_sim``), ``xla_cpu`` (real torch_xla with
   ``PJRT_DEVICE=CPU``, mark ``xla_cpu``) and ``tpu`` (a real TPU, mark ``tpu``).  A target
   that cannot run here is *skipped with its reason*; it never passes without running.
+* ``torch_tpu_target`` is the same for TorchTPU's ``tpu`` device: ``sim`` (the simulated
+  TorchTPU, in-process, torch >= 2.11) and ``torch_tpu`` (real TorchTPU on a TPU VM, in a
+  subprocess, mark ``torch_tpu``); the test gets TorchTPU loaded.
 * Real torch_xla keeps SPMD mode and its runtime caches process-wide, so every real-target
   test runs in a fresh ``python -m pytest <nodeid>`` subprocess; the parent pytest process
   never imports real torch_xla.  Sim-target tests run in-process inside
@@ -37,7 +40,12 @@ from typing import Any
 import pytest
 
 from tpu_backend import machine
-from tpu_backend.machine import count_tpu_chips, real_torch_xla_unavailable
+from tpu_backend.machine import (
+    count_tpu_chips,
+    real_torch_tpu_unavailable,
+    real_torch_xla_unavailable,
+    torch_tpu_torch_unsupported,
+)
 from tpu_backend.topology import SliceSpec, check_num_slices, parse_slice
 
 __all__ = [
@@ -45,14 +53,20 @@ __all__ = [
     "TARGETS",
     "XlaTarget",
     "count_tpu_chips",
+    "torch_tpu_unavailable",
     "real_torch_xla_unavailable",
     "tpu_unavailable",
     "xla_cpu_unavailable",
 ]
 
-TARGETS = ("sim", "xla_cpu", "tpu")
-REAL_TARGETS = frozenset({"xla_cpu", "tpu"})
-_TARGET_MARKS = {"sim": "cpu_sim", "xla_cpu": "xla_cpu", "tpu": "tpu"}
+TARGETS = ("sim", "xla_cpu", "tpu", "torch_tpu")
+REAL_TARGETS = frozenset({"xla_cpu", "tpu", "torch_tpu"})
+_TARGET_MARKS = {"sim": "cpu_sim", "xla_cpu": "xla_cpu", "tpu": "tpu", "torch_tpu": "torch_tpu"}
+# The targets of each fixture: torch_xla's, and TorchTPU's (its `tpu` device).
+_FIXTURE_TARGETS = {
+    "xla_target": ("sim", "xla_cpu", "tpu"),
+    "torch_tpu_target": ("sim", "torch_tpu"),
+}
 DEFAULT_TOPOLOGY = "2x2"
 DEFAULT_TIMEOUT_S = 300.0
 
@@ -71,7 +85,7 @@ class XlaTarget:
     """What a test may know about the target it runs on."""
 
     name: str
-    """'sim', 'xla_cpu' or 'tpu'."""
+    """'sim', 'xla_cpu', 'tpu' or 'torch_tpu'."""
     spec: SliceSpec
     host_index: int = 0
     num_slices: int = 1
@@ -117,6 +131,11 @@ def xla_cpu_unavailable(spec: SliceSpec) -> str | None:
 
 
 def tpu_unavailable(spec: SliceSpec) -> str | None:
+    return _tpu_vm_unavailable(spec) or real_torch_xla_unavailable()
+
+
+def _tpu_vm_unavailable(spec: SliceSpec) -> str | None:
+    """Why this host is not a TPU VM of one host of ``spec``, or None where it is."""
     chips = count_tpu_chips()
     if chips == 0:
         return (
@@ -133,7 +152,13 @@ def tpu_unavailable(spec: SliceSpec) -> str | None:
             f"this host has {chips} TPU chips but {spec.pod_type} (topology {spec.topology}) "
             f"has {spec.chips_per_host}; pass --topology/--accelerator matching this TPU VM"
         )
-    return real_torch_xla_unavailable()
+    return None
+
+
+def torch_tpu_unavailable(spec: SliceSpec) -> str | None:
+    """Why real TorchTPU cannot run a test of ``spec`` here: as the tpu target, chips of one
+    host of the slice, and the real ``torch_tpu`` with a torch it supports."""
+    return _tpu_vm_unavailable(spec) or real_torch_tpu_unavailable()
 
 
 def _unavailable(target: XlaTarget) -> str | None:
@@ -143,6 +168,8 @@ def _unavailable(target: XlaTarget) -> str | None:
         return xla_cpu_unavailable(target.spec)
     if target.name == "tpu":
         return tpu_unavailable(target.spec)
+    if target.name == "torch_tpu":
+        return torch_tpu_unavailable(target.spec)
     return None
 
 
@@ -215,6 +242,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "cpu_sim: runs on the xlasim simulator (xla_target 'sim')")
     config.addinivalue_line("markers", "xla_cpu: runs on real torch_xla with PJRT_DEVICE=CPU")
     config.addinivalue_line("markers", "tpu: runs on a real TPU")
+    config.addinivalue_line("markers", "torch_tpu: runs on real TorchTPU (torch_tpu) on a TPU VM")
     config.addinivalue_line(
         "markers",
         "topology(topology, accelerator=None): the slice this test runs on "
@@ -291,13 +319,15 @@ def pytest_report_header(config: pytest.Config) -> str | None:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "xla_target" not in metafunc.fixturenames:
-        return
-    params = [
-        pytest.param(name, marks=getattr(pytest.mark, _TARGET_MARKS[name]), id=name)
-        for name in metafunc.config.stash[_targets_key]
-    ]
-    metafunc.parametrize("xla_target", params, indirect=True)
+    for fixture, targets in _FIXTURE_TARGETS.items():
+        if fixture not in metafunc.fixturenames:
+            continue
+        params = [
+            pytest.param(name, marks=getattr(pytest.mark, _TARGET_MARKS[name]), id=name)
+            for name in metafunc.config.stash[_targets_key]
+            if name in targets
+        ]
+        metafunc.parametrize(fixture, params, indirect=True)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -314,7 +344,9 @@ def _runs_simulated(item: pytest.Item) -> bool:
     if "xlasim_sim" in getattr(item, "fixturenames", ()):
         return True
     callspec = getattr(item, "callspec", None)
-    return callspec is not None and callspec.params.get("xla_target") == "sim"
+    return callspec is not None and "sim" in (
+        callspec.params.get(fixture) for fixture in _FIXTURE_TARGETS
+    )
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -582,6 +614,39 @@ def xla_target(request: pytest.FixtureRequest) -> Iterator[XlaTarget]:
         raise RuntimeError(f"target {target}: torch_xla resolved to the simulator ({path})")
 
 
+@pytest.fixture
+def torch_tpu_target(request: pytest.FixtureRequest) -> Iterator[XlaTarget]:
+    """The target this test instance runs on with TorchTPU loaded (its ``tpu`` device):
+    the simulated TorchTPU ('sim') or real TorchTPU ('torch_tpu'); parametrized over
+    --xla-targets."""
+    name = getattr(request, "param", None)
+    if name not in _FIXTURE_TARGETS["torch_tpu_target"]:
+        raise RuntimeError(
+            f"torch_tpu_target was not parametrized by the xlasim plugin (got {name!r})"
+        )
+    target = _target(name, request)
+    if name == "sim":
+        reason = torch_tpu_torch_unsupported()
+        if reason is not None:
+            pytest.skip(f"sim target unavailable for TorchTPU: {reason}")
+        for simulated in _run_simulated(request, target):
+            import torch_tpu  # noqa: F401  (inside the simulation: its tpu device loads)
+
+            yield simulated
+        return
+    child = request.config.stash[_child_target_key]
+    if child is None:
+        reason = _unavailable(target)
+        if reason is not None:
+            pytest.skip(f"{name} target unavailable: {reason}")
+        yield target  # the body runs in a subprocess, see pytest_pyfunc_call
+        return
+    _check_no_simulator(target)
+    import torch_tpu  # noqa: F401  (the real one: the test gets its tpu device loaded)
+
+    yield target
+
+
 def _check_no_simulator(target: XlaTarget) -> None:
     finders = [f for f in sys.meta_path if type(f).__module__.split(".")[0] == "xlasim"]
     if finders:
@@ -600,9 +665,12 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> bool | None:
     if pyfuncitem.config.stash[_child_target_key] is not None:
         return None
     callspec = getattr(pyfuncitem, "callspec", None)
-    if callspec is None or callspec.params.get("xla_target") not in REAL_TARGETS:
+    fixture = next(
+        (f for f in _FIXTURE_TARGETS if callspec and callspec.params.get(f) in REAL_TARGETS), None
+    )
+    if fixture is None:
         return None
-    target = pyfuncitem.funcargs["xla_target"]
+    target = pyfuncitem.funcargs[fixture]
     assert isinstance(target, XlaTarget)
     _run_in_subprocess(pyfuncitem, target)
     return True
@@ -640,7 +708,7 @@ def _child_env(target: XlaTarget) -> dict[str, str]:
     if target.name == "xla_cpu":
         env["PJRT_DEVICE"] = "CPU"
         env["CPU_NUM_DEVICES"] = str(target.num_devices)
-    else:
+    elif target.name == "tpu":
         env["PJRT_DEVICE"] = "TPU"
     return env
 

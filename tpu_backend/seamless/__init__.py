@@ -1,4 +1,4 @@
-"""One training loop for TPU (torch_xla), GPU and CPU, with no torch_xla call in it.
+"""One training loop for TPU (TorchTPU or torch_xla), GPU and CPU, with no torch_xla call in it.
 
 ::
 
@@ -12,7 +12,11 @@
         optimizer.step()             # on XLA: reduce (if needed), step, one sync
         print(trainer.reduce_mean(loss))
 
-The device is picked TPU -> GPU -> CPU (:func:`detect_device`).  On XLA:
+The device is picked TPU -> GPU -> CPU (:func:`detect_device`).  Where TorchTPU is loaded
+(``import torch_tpu``; Ray Train's TPU workers load it) its eager ``tpu`` device is the TPU:
+the loop runs there as on a GPU (``DistributedDataParallel`` over its ``tpu_dist`` group when
+``torch.distributed`` has several ranks, batches moved to the device, a plain optimizer step
+with nothing to synchronize).  Otherwise, on XLA:
 
 * the model moves to the XLA device; under SPMD its parameters are explicitly replicated
   over the mesh, so the first step's graph already has the input shardings every later

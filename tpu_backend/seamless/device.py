@@ -1,8 +1,10 @@
-"""Which device the loop runs on (TPU through torch_xla -> GPU -> CPU), and moving data there.
+"""Which device the loop runs on (TPU through TorchTPU or torch_xla -> GPU -> CPU), and moving
+data there.
 
 ``import tpu_backend.seamless`` never imports torch_xla: importing it selects and starts a
 PJRT runtime, so it is imported only once :func:`xla_configured` says an XLA device is meant
-to be used.
+to be used. Nor does it import TorchTPU: a process that has loaded it (``import torch_tpu``,
+or Ray Train's TPU workers) and has a ``tpu`` device runs the loop there.
 """
 
 from __future__ import annotations
@@ -21,7 +23,16 @@ from torch.utils._pytree import tree_map
 from tpu_backend import context
 from tpu_backend.machine import count_tpu_chips
 
-__all__ = ["DeviceInfo", "detect_device", "in_ray_train", "move", "to_device", "xla_configured"]
+__all__ = [
+    "DeviceInfo",
+    "detect_device",
+    "device_kind",
+    "in_ray_train",
+    "move",
+    "to_device",
+    "torch_tpu_device",
+    "xla_configured",
+]
 
 
 @dataclass(frozen=True)
@@ -29,7 +40,7 @@ class DeviceInfo:
     """Where the loop runs."""
 
     kind: str
-    """'xla', 'cuda' or 'cpu'."""
+    """'tpu' (TorchTPU's eager device), 'xla', 'cuda' or 'cpu'."""
     device: Any
     """The ``torch.device`` to put tensors on."""
     spmd: bool = False
@@ -50,6 +61,17 @@ def _simulator_active() -> bool:
     sim = sys.modules.get("xlasim")
     is_active = getattr(sim, "is_active", None)
     return bool(is_active()) if callable(is_active) else False
+
+
+def torch_tpu_device() -> Any:
+    """This process's TorchTPU device (one per process), where TorchTPU is loaded and finds
+    a chip; else None."""
+    tpu = getattr(torch, "tpu", None)
+    if "torch_tpu" not in sys.modules or tpu is None:
+        return None
+    if torch._C._get_privateuse1_backend_name() != "tpu" or tpu.device_count() < 1:
+        return None
+    return torch.device("tpu", tpu.current_device())
 
 
 def xla_configured() -> bool:
@@ -102,9 +124,11 @@ def _xla_mesh(spmd: bool, in_ray: bool) -> Any:
 
 
 def detect_device() -> DeviceInfo:
-    """TPU (torch_xla) -> GPU -> CPU, inside or outside a Ray Train worker."""
+    """TPU (TorchTPU where it is loaded, else torch_xla) -> GPU -> CPU, inside or outside a
+    Ray Train worker."""
     in_ray = in_ray_train()
-    if xla_configured():
+    tpu = torch_tpu_device()
+    if tpu is None and xla_configured():
         # Deferred: torch_xla is imported only once an XLA device is configured.
         import torch_xla
         import torch_xla.runtime as xr
@@ -128,7 +152,9 @@ def detect_device() -> DeviceInfo:
     distributed = dist.is_available() and dist.is_initialized()
     count = dist.get_world_size() if distributed else 1
     index = dist.get_rank() if distributed else 0
-    if in_ray:
+    if tpu is not None:
+        device = tpu
+    elif in_ray:
         import ray.train.torch  # deferred: Ray is optional
 
         device = ray.train.torch.get_device()
@@ -137,13 +163,18 @@ def detect_device() -> DeviceInfo:
     else:
         device = torch.device("cpu")
     return DeviceInfo(
-        kind=device.type if device.type in ("cuda", "cpu") else "cpu",
+        kind=device_kind(device),
         device=device,
         in_ray_train=in_ray,
         num_processes=count,
         process_index=index,
         num_data_loaders=count,
     )
+
+
+def device_kind(device: Any) -> str:
+    """The loop's kind of a non-XLA ``torch.device``: 'tpu', 'cuda', else 'cpu'."""
+    return device.type if device.type in ("tpu", "cuda") else "cpu"
 
 
 def move(value: Any, device: Any) -> Any:

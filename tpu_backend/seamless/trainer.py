@@ -14,7 +14,13 @@ from torch.nn.parallel import DistributedDataParallel
 
 from tpu_backend import compile_cache, context
 from tpu_backend.precision import SeamlessConfig
-from tpu_backend.seamless.device import DeviceInfo, detect_device, in_ray_train, to_device
+from tpu_backend.seamless.device import (
+    DeviceInfo,
+    detect_device,
+    device_kind,
+    in_ray_train,
+    to_device,
+)
 from tpu_backend.seamless.forwarding import Forwarded
 from tpu_backend.seamless.loader import BatchSharding, DeviceBatches, distribute
 from tpu_backend.seamless.optimizer import SeamlessOptimizer
@@ -62,7 +68,7 @@ class SeamlessTPUTrainer:
                 detect_device()
                 if device.type == "xla"
                 else DeviceInfo(
-                    kind=device.type if device.type == "cuda" else "cpu",
+                    kind=device_kind(device),
                     device=device,
                     in_ray_train=in_ray_train(),
                 )

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 from torch_tpu._internal.device import _device_module
+from torch_tpu._internal.distributed import launch_env
 
 _DEVICE = _device_module.TpuDeviceModule
 
@@ -68,7 +69,12 @@ _SUBMODULE_PROPERTIES: Mapping[str, tuple[str, ...]] = {
     "distributed": ("window_num_stripes", "window_stripe_chunk_mb"),
 }
 
-# The other public modules' exports; none is simulated yet.
+# What the simulator implements of the other public modules' exports.
+_SUBMODULE_SIMULATED: Mapping[str, Mapping[str, Any]] = {
+    "distributed": {"set_tpu_launch_env": launch_env.set_tpu_launch_env},
+}
+
+# The other public modules' exports.
 _SUBMODULES: Mapping[str, tuple[str, ...]] = {
     "compiler": ("custom_compiler_options",),
     "distributed": (
@@ -154,7 +160,10 @@ def public_names() -> dict[str, list[str]]:
 def simulated_names() -> dict[str, list[str]]:
     """The public names the simulator implements, by module."""
     implemented = [n for n, v in _TPU.items() if v is not None] + ["default_generators"]
-    return {"torch.tpu": sorted(implemented)}
+    names = {"torch.tpu": sorted(implemented)}
+    for leaf, simulated in _SUBMODULE_SIMULATED.items():
+        names[f"torch.tpu.{leaf}"] = sorted(simulated)
+    return names
 
 
 def install() -> None:
@@ -172,10 +181,11 @@ def install() -> None:
             (types.ModuleType,),
             {p: _refusing_property(f"{qualified}.{p}") for p in properties},
         )
-        module = kind(qualified, f"Public TorchTPU `{qualified}` (not simulated).")
+        module = kind(qualified, f"Public TorchTPU `{qualified}`.")
+        simulated = _SUBMODULE_SIMULATED.get(leaf, {})
         for name in exports:
             if name not in properties:
-                setattr(module, name, not_simulated(f"{qualified}.{name}"))
+                setattr(module, name, simulated.get(name) or not_simulated(f"{qualified}.{name}"))
         module.__all__ = sorted(exports)
         sys.modules[qualified] = module
         setattr(tpu, leaf, module)

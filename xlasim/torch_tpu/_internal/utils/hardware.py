@@ -20,10 +20,22 @@ _NAMES = {
 }
 
 
+# TorchTPU's topology ("x,y,z" of chips, then cores per chip on v7) of the chips a host's
+# processes drive, by generation and process count: a count it does not list has none.
+_TOPOLOGIES: dict[str, dict[int, str]] = {
+    "v4": {1: "1,1,1", 2: "1,2,1", 4: "2,2,1", 8: "2,2,2"},
+    "v5p": {1: "1,1,1", 2: "1,2,1", 4: "2,2,1", 8: "2,2,2"},
+    "v5litepod": {1: "1,1,1", 4: "2,2,1", 8: "2,4,1"},
+    "v6e": {1: "1,1,1", 4: "2,2,1", 8: "2,4,1"},
+    "v7x": {2: "1,1,1,2", 4: "1,2,1,2", 8: "2,2,1,2"},
+}
+
+
 def get_tpu_device_count() -> int:
-    """Chips on this host's PCI bus: the simulated host's, or none outside a simulation."""
+    """TPU devices on this host's PCI bus: the simulated host's (a chip's cores each where a
+    chip exposes several, as v7's two), or none outside a simulation."""
     runtime = state.active()
-    return runtime.spec.chips_per_host if runtime is not None else 0
+    return runtime.spec.devices_per_host if runtime is not None else 0
 
 
 def get_tpu_device_name() -> str:
@@ -31,6 +43,19 @@ def get_tpu_device_name() -> str:
     if runtime is None:
         return "TPU"
     return _NAMES.get(runtime.spec.accelerator, "TPU")
+
+
+def get_tpu_topology(world_size: int | None = None) -> str | None:
+    """The topology of ``world_size`` processes on this host (by default, one per chip), as
+    TorchTPU names it; None where no TPU is attached."""
+    runtime = state.active()
+    table = _TOPOLOGIES.get(runtime.spec.accelerator) if runtime is not None else None
+    if table is None:
+        return None
+    count = world_size if world_size is not None else get_tpu_device_count()
+    if count not in table:
+        raise RuntimeError(f"No TPU topology found for count: {count}")
+    return table[count]
 
 
 def get_hbm_bytes_per_device() -> int | None:
@@ -44,10 +69,12 @@ def get_hbm_bytes_per_device() -> int | None:
 def bound_chip() -> int:
     """The chip of this host that the process's one ``tpu`` device is.
 
-    Launchers that run one process per chip (Ray for a worker holding ``{"TPU": 1}``,
-    TorchTPU's own launch environment) make only that chip visible to it through
-    ``TPU_VISIBLE_CHIPS``; where it names several (or none: every chip is visible), the
-    device is the first one visible.
+    Launchers that run one process per chip make only that chip visible to it through
+    ``TPU_VISIBLE_CHIPS`` (Ray, for a worker holding ``{"TPU": 1}``); where it names several,
+    the device is the first one visible. Without it, a process of a job that TorchTPU's
+    launch environment describes (``TORCH_TPU_SLICEBUILDER_ADDRESSES``, one address per
+    process) is the chip of its ``LOCAL_RANK``, which TorchTPU's runtime reads; any other
+    process sees every chip and its device is the first.
     """
     runtime = state.active()
     if runtime is None:
@@ -55,7 +82,15 @@ def bound_chip() -> int:
     chips = runtime.spec.chips_per_host
     visible = (os.environ.get("TPU_VISIBLE_CHIPS") or "").replace(" ", "")
     if not visible:
-        return 0
+        if not os.environ.get("TORCH_TPU_SLICEBUILDER_ADDRESSES"):
+            return 0
+        local_rank = (os.environ.get("LOCAL_RANK") or "0").strip()
+        if not local_rank.isdigit() or int(local_rank) >= chips:
+            raise ValueError(
+                f"LOCAL_RANK={local_rank!r}: a host of {runtime.spec.pod_type} has chips "
+                f"0..{chips - 1}, one per local rank"
+            )
+        return int(local_rank)
     first = visible.split(",")[0]
     if not first.isdigit() or int(first) >= chips:
         raise ValueError(
