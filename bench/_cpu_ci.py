@@ -60,11 +60,12 @@ def _slug(key: str) -> str:
 def _how_it_ended(rc: int | None, timeout: float) -> str:
     if rc is None:
         return f"time bound {timeout:g}s tripped (--timeout)"
-    if rc < 0:
+    signum = -rc if rc < 0 else rc - 128 if rc > 128 else 0  # xlasim run says 128 + N
+    if signum:
         try:
-            name = signal.Signals(-rc).name
+            name = signal.Signals(signum).name
         except ValueError:
-            name = f"signal {-rc}"
+            name = f"signal {signum}"
         return f"crashed: killed by {name}"
     return ""
 
@@ -226,8 +227,11 @@ def summarize(records: dict[str, dict]) -> dict:
         counts[1] += len(real_pass)
         counts[2] += len(sim_pass)
         for side, run in (("real", real), ("sim", sim)):
-            if run["note"].startswith(("crashed", "time bound")):
-                crashes.append(f"{side} {key}: {run['note']}")
+            ended = run["note"]
+            if not ended.startswith(("crashed", "time bound")) and run.get("rc") is not None:
+                ended = _how_it_ended(run["rc"], 0)  # a run that wrote its report, then died
+            if ended:
+                crashes.append(f"{side} {key}: {ended}")
         ratio = None
         if real["wall_s"] and sim["wall_s"]:
             ratio = round(sim["wall_s"] / real["wall_s"], 2)

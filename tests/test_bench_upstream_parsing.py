@@ -266,8 +266,9 @@ def test_classify_pytest_files_and_programs(ci) -> None:
 def test_ci_summary_groups_kinds_crashes_and_time(ci) -> None:
     _, cpu_ci = ci
 
-    def side(outcomes, lines=None, note="", wall=10.0):
-        return {"outcomes": outcomes, "first_lines": lines or {}, "note": note, "wall_s": wall}
+    def side(outcomes, lines=None, note="", wall=10.0, rc=0):
+        run = {"outcomes": outcomes, "first_lines": lines or {}, "note": note, "wall_s": wall}
+        return {**run, "rc": rc}
 
     records = {
         "spmd/test_s.py": {
@@ -287,7 +288,8 @@ def test_ci_summary_groups_kinds_crashes_and_time(ci) -> None:
         "test_m.py": {
             "group": "mp scripts",
             "real": side({"<program>": "passed"}),
-            "sim": side({"<program>": "failed"}, {"<program>": "AssertionError: 7 != 8"}),
+            # xlasim run reports a host process's signal N as exit status 128 + N
+            "sim": side({"<program>": "failed"}, {"<program>": "AssertionError: 7 != 8"}, rc=134),
         },
         "test_half.py": {"group": "ops", "real": side({"H::a": "passed"})},  # sim not run yet
     }
@@ -303,5 +305,8 @@ def test_ci_summary_groups_kinds_crashes_and_time(ci) -> None:
     }
     assert summary["failure_kinds"][1]["kind"] == "AssertionError: N != N"
     assert summary["failure_kinds"][1]["count"] == 2
-    assert summary["crashes_and_hangs"] == ["sim test_o.py [XLA_X=1]: crashed: killed by SIGSEGV"]
+    assert summary["crashes_and_hangs"] == [
+        "sim test_m.py: crashed: killed by SIGABRT",
+        "sim test_o.py [XLA_X=1]: crashed: killed by SIGSEGV",
+    ]
     assert summary["time"] == {"real_s": 30.0, "sim_s": 45.0, "ratio": 1.5}
