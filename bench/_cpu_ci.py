@@ -230,7 +230,7 @@ def summarize(records: dict[str, dict]) -> dict:
             ended = run["note"]
             if not ended.startswith(("crashed", "time bound")) and run.get("rc") is not None:
                 ended = _how_it_ended(run["rc"], 0)  # a run that wrote its report, then died
-            if ended:
+            if ended.startswith(("crashed", "time bound")):
                 crashes.append(f"{side} {key}: {ended}")
         ratio = None
         if real["wall_s"] and sim["wall_s"]:
