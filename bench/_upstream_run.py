@@ -98,18 +98,30 @@ def check_side_options(parser: argparse.ArgumentParser, args: argparse.Namespace
         setattr(args, name, dict(p.split("=", 1) for p in pairs))
 
 
-def side_command(side: str, args: argparse.Namespace, argv: list[str]) -> tuple[list, dict]:
+def side_command(
+    side: str,
+    args: argparse.Namespace,
+    argv: list[str],
+    run_env: dict[str, str] | None = None,
+) -> tuple[list, dict]:
     """The command line and environment that run ``python ARGV`` on one side.
 
     The caller's environment is inherited, less anything that would pick the other side
     (``XLASIM_*``, ``PJRT_DEVICE``, ``CPU_NUM_DEVICES``), plus that side's ``--*-env`` values.
+    ``run_env`` is one run's own environment (what pytorch/xla's CI script sets for a file),
+    given to both sides alike; on the simulator side it reaches the program through ``xlasim
+    run``, as on a TPU VM. Without it the real side gets ``PJRT_DEVICE=CPU`` and
+    ``--cpu-devices``.
     """
     env = {k: v for k, v in os.environ.items() if not k.startswith("XLASIM_")}
     for key in ("PJRT_DEVICE", "CPU_NUM_DEVICES"):
         env.pop(key, None)
     env.update(args.real_env if side == "real" else args.sim_env)
+    if run_env is not None:
+        env.update(run_env)
     if side == "real":
-        env.update(PJRT_DEVICE="CPU", CPU_NUM_DEVICES=str(args.cpu_devices))
+        if run_env is None:
+            env.update(PJRT_DEVICE="CPU", CPU_NUM_DEVICES=str(args.cpu_devices))
         return [args.real_python, *argv], env
     cmd = [args.sim_python, "-m", "xlasim", "run", "--topology", args.topology]
     return [*cmd, "--accelerator", args.accelerator, "--", args.sim_python, *argv], env

@@ -16,6 +16,11 @@ test's outcome and, for each one that fails on the simulator, the first line of 
         [FILE ...] [--jobs 2] [--nice 10] [--timeout 1200] [--json out.json] \\
         [--reuse-real previous.json]   # skip the (slow, unchanging) real runs
 
+    python bench/upstream_pass_rate.py --cpu-ci /path/to/xla/test/run_tests.sh \\
+        --real-python ... --sim-python ... --json results.json [--only GLOB] [--skip GLOB]
+        # every run pytorch/xla's CPU CI script makes, each with the environment the script
+        # gives it, on both sides; resumable (see _cpu_ci.py)
+
 FILEs are relative to the test dir; the default is ``spmd/test_*.py test_metrics.py
 test_devices.py pjrt/test_runtime.py``. Copy the test dir somewhere writable first: pytest
 writes ``__pycache__`` next to the files.
@@ -38,107 +43,16 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import json
-import re
 import sys
 import tempfile
-import xml.etree.ElementTree as ET
-from dataclasses import dataclass, field
 from pathlib import Path
 
-# this folder's helper module (the script's own dir is on sys.path)
+# this folder's helper modules (the script's own dir is on sys.path)
+import _cpu_ci
+from _pytest_reports import PASSED, PYTEST_ARGS, FileRun, parse_junit, parse_verbose
 from _upstream_run import add_side_options, check_side_options, run_bounded, side_command
 
 DEFAULT_FILES = ("spmd/test_*.py", "test_metrics.py", "test_devices.py", "pjrt/test_runtime.py")
-PYTEST_ARGS = (
-    "-p",
-    "no:xlasim",
-    "-p",
-    "no:cacheprovider",
-    "-v",
-    "-o",
-    "console_output_style=classic",
-)
-PASSED = "passed"
-_WORST = ("passed", "skipped", "xfailed", "xpassed", "failed", "error")
-_VERBOSE_LINE = re.compile(r"^(\S+?\.py)::(\S+) (PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
-_VERBOSE_OUTCOME = {
-    "PASSED": "passed",
-    "FAILED": "failed",
-    "ERROR": "error",
-    "SKIPPED": "skipped",
-    "XFAIL": "xfailed",
-    "XPASS": "xpassed",
-}
-
-
-@dataclass
-class FileRun:
-    """One file's run on one side: per-test outcomes, first error lines, and what cut it short."""
-
-    outcomes: dict[str, str] = field(default_factory=dict)
-    first_lines: dict[str, str] = field(default_factory=dict)
-    note: str = ""  # time bound tripped, crash, collection error: why tests may be missing
-
-
-def _first_line(text: str | None) -> str:
-    for line in (text or "").splitlines():
-        if line.strip():
-            return line.strip()
-    return ""
-
-
-def _error_line(message: str | None, text: str | None) -> str:
-    """The line that says what went wrong: pytest's ``E`` lines beat its summary message."""
-    e_lines = [ln[1:].strip() for ln in (text or "").splitlines() if ln.startswith("E ")]
-    e_lines = [ln for ln in e_lines if ln]
-    message = _first_line(message)
-    if message and message not in ("collection failure",) and not message.startswith("failed on"):
-        return message
-    return e_lines[-1] if e_lines else message
-
-
-def _merge(run: FileRun, test: str, outcome: str, line: str = "") -> None:
-    old = run.outcomes.get(test)
-    if old is None or _WORST.index(outcome) > _WORST.index(old):
-        run.outcomes[test] = outcome
-        if line:
-            run.first_lines[test] = line
-
-
-def case_id(classname: str, name: str) -> str:
-    """``Class::test``: junit's dotted class path and pytest's node id agree on this part."""
-    return f"{classname.rsplit('.', 1)[-1]}::{name}" if classname else name
-
-
-def parse_junit(xml_text: str) -> FileRun:
-    run = FileRun()
-    for case in ET.fromstring(xml_text).iter("testcase"):
-        classname, name = case.get("classname", ""), case.get("name", "")
-        kinds = {child.tag: child for child in case}
-        if not classname and "error" in kinds:  # a collection error: the file has no tests
-            err = kinds["error"]
-            run.note = f"collection error: {_error_line(err.get('message'), err.text)}"
-            continue
-        tid = case_id(classname, name)
-        for tag, outcome in (("failure", "failed"), ("error", "error")):
-            if tag in kinds:
-                _merge(run, tid, outcome, _error_line(kinds[tag].get("message"), kinds[tag].text))
-        if "skipped" in kinds:
-            kind = "xfailed" if kinds["skipped"].get("type") == "pytest.xfail" else "skipped"
-            _merge(run, tid, kind, _first_line(kinds["skipped"].get("message")))
-        if not ({"failure", "error", "skipped"} & kinds.keys()):
-            _merge(run, tid, PASSED)
-    return run
-
-
-def parse_verbose(output: str) -> FileRun:
-    """Outcomes from ``pytest -v`` lines: what a run that never wrote its junit file finished."""
-    run = FileRun()
-    for line in output.splitlines():
-        match = _VERBOSE_LINE.match(line)
-        if match:
-            _merge(run, match.group(2), _VERBOSE_OUTCOME[match.group(3)])
-    return run
 
 
 def _run_pytest(
@@ -235,23 +149,41 @@ def _load_real(path: Path) -> dict[str, FileRun]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("test_dir", type=Path, help="pytorch/xla's test/ directory (a copy)")
+    parser.add_argument(
+        "test_dir", type=Path, nargs="?", help="pytorch/xla's test/ directory (a copy)"
+    )
     parser.add_argument("files", nargs="*", help="files or globs relative to test_dir")
     parser.add_argument("--real-python", help="interpreter with real torch_xla 2.9")
     parser.add_argument("--sim-python", required=True, help="interpreter with xlasim installed")
-    parser.add_argument("--reuse-real", type=Path, help="take real outcomes from this --json")
+    parser.add_argument(
+        "--reuse-real",
+        type=Path,
+        action="append",
+        default=[],
+        help="take real outcomes from this --json (--cpu-ci: repeatable)",
+    )
     parser.add_argument("--timeout", type=float, default=1200, help="seconds per file and side")
     parser.add_argument("--jobs", type=int, default=2, help="files run at once (default 2)")
     add_side_options(parser)
     parser.add_argument("--out-dir", type=Path, help="junit files and logs (default: a tmp dir)")
     parser.add_argument("--json", type=Path, help="write per-test outcomes here")
+    _cpu_ci.add_options(parser)
     args = parser.parse_args(argv)
-    if not args.test_dir.is_dir():
-        parser.error(f"test_dir {str(args.test_dir)!r} is not a directory")
-    if bool(args.real_python) == bool(args.reuse_real):
-        parser.error("give exactly one of --real-python and --reuse-real")
     if args.jobs < 1:
         parser.error(f"--jobs {args.jobs}: must be >= 1")
+    if args.cpu_ci:
+        if args.test_dir or args.files:
+            parser.error("--cpu-ci runs the files its script names: give no test_dir or FILEs")
+        check_side_options(parser, args)
+        if args.json is None and not args.list:
+            parser.error("--cpu-ci needs --json (the results file it adds to and resumes from)")
+        logs = args.json.with_suffix(".logs") if args.json else Path(tempfile.mkdtemp())
+        args.out_dir = (args.out_dir or logs).resolve()
+        return _cpu_ci.main(args, parser)
+    if args.test_dir is None or not args.test_dir.is_dir():
+        parser.error(f"test_dir {str(args.test_dir)!r} is not a directory")
+    if bool(args.real_python) == bool(args.reuse_real) or len(args.reuse_real) > 1:
+        parser.error("give exactly one of --real-python and --reuse-real")
     check_side_options(parser, args)
     args.test_dir = args.test_dir.resolve()
     files = expand_files(args.test_dir, args.files or list(DEFAULT_FILES))
@@ -260,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         (args.out_dir / side).mkdir(parents=True, exist_ok=True)
     print(f"logs and junit files: {args.out_dir}", file=sys.stderr)
 
-    real = _load_real(args.reuse_real) if args.reuse_real else {}
+    real = _load_real(args.reuse_real[0]) if args.reuse_real else {}
     missing = [f for f in files if f not in real]
     if args.reuse_real and missing:
         parser.error(f"{args.reuse_real} has no real outcomes for {missing}")

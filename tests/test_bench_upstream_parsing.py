@@ -97,7 +97,8 @@ def test_verbose_lines_give_the_ids_junit_gives(pass_rate) -> None:
         "ShardTest::test_bad": "failed",
         "ShardTest::test_param_0": "skipped",
     }
-    assert pass_rate.case_id("test.spmd.test_a.ShardTest", "test_ok") == "ShardTest::test_ok"
+    reports = sys.modules["_pytest_reports"]  # where upstream_pass_rate's parsers live
+    assert reports.case_id("test.spmd.test_a.ShardTest", "test_ok") == "ShardTest::test_ok"
 
 
 def test_summary_counts_only_tests_that_pass_on_real(pass_rate) -> None:
@@ -181,3 +182,131 @@ def test_a_run_stopped_after_its_first_logged_steps(examples, tmp_path) -> None:
         [sys.executable, "-c", program], env={}, cwd=tmp_path, log=log, timeout=2, nice=0
     )
     assert rc is None
+
+
+# A CI script of the shape pytorch/xla's run_tests.sh has (written for this test): functions
+# that prefix variables and end in python3, a wrapper that takes the runner as its first
+# argument, a bare python3 with its own prefix, a clean-up rm and a `python -c` query.
+CI_SCRIPT = """#!/bin/bash
+set -exo pipefail
+_TEST_DIR="$(cd "$(dirname "$0")"; pwd -P)"
+export CPU_NUM_DEVICES=4
+export XLA_DUMP_FATAL_STACK=1
+LIB=$(cd ~; dirname "$(python -c 'import torch_xla; print(torch_xla.__file__)')")
+function one_device { PJRT_DEVICE=CPU CPU_NUM_DEVICES=1 python3 "$@"; }
+function with_debug { local runner="$1"; shift; XLA_SOME_DEBUG=1 "$runner" "$@"; }
+function all_runs {
+  one_device "$_TEST_DIR/sub/test_alpha.py" --verbosity=2
+  with_debug one_device "$_TEST_DIR/test_beta.py"
+  rm -f "$_TEST_DIR/keep.txt"
+  DUMP_TO=/tmp/dump.txt one_device "$_TEST_DIR/test_beta.py"
+  PJRT_DEVICE=CPU python3 "$_TEST_DIR/test_gamma.py"
+}
+all_runs
+"""
+PYTEST_FILE = "import unittest\n\nclass AlphaTest(unittest.TestCase):\n  def test_a(self): pass\n"
+PROGRAM_FILE = (
+    "import unittest\n\nclass GammaTest(unittest.TestCase):\n  def test_g(self): pass\n\n"
+    "def _mp_fn(index):\n  unittest.main(exit=False)\n\n"
+    "if __name__ == '__main__':\n  torch_xla.launch(_mp_fn, args=())\n"
+)
+
+
+@pytest.fixture(scope="module")
+def ci():
+    _load("upstream_pass_rate")  # puts the helper modules in sys.modules
+    return sys.modules["_ci_script"], sys.modules["_cpu_ci"]
+
+
+def test_ci_script_trace_gives_each_run_its_environment(ci, tmp_path) -> None:
+    ci_script, cpu_ci = ci
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "test_alpha.py").write_text(PYTEST_FILE)
+    (tmp_path / "test_beta.py").write_text("def test_b():\n    pass\n")
+    (tmp_path / "test_gamma.py").write_text(PROGRAM_FILE)
+    (tmp_path / "keep.txt").write_text("the trace must not delete this")
+    (tmp_path / "run_tests.sh").write_text(CI_SCRIPT)
+    entries = ci_script.trace(tmp_path / "run_tests.sh")
+    common = {"XLA_DUMP_FATAL_STACK": "1", "PJRT_DEVICE": "CPU"}
+    got = [(e.file, e.env, e.args, e.kind) for e in entries]
+    assert got == [
+        ("sub/test_alpha.py", {**common, "CPU_NUM_DEVICES": "1"}, ["--verbosity=2"], "pytest"),
+        ("test_beta.py", {**common, "CPU_NUM_DEVICES": "1", "XLA_SOME_DEBUG": "1"}, [], "pytest"),
+        (
+            "test_beta.py",
+            {**common, "CPU_NUM_DEVICES": "1", "DUMP_TO": "/tmp/dump.txt"},
+            [],
+            "pytest",
+        ),
+        # the exported CPU_NUM_DEVICES reaches a run no function overrides
+        ("test_gamma.py", {**common, "CPU_NUM_DEVICES": "4"}, [], "program"),
+    ]
+    assert (tmp_path / "keep.txt").exists()
+    # runs of one file are told apart by the variables their variant adds
+    assert [e.key for e in entries] == [
+        "sub/test_alpha.py",
+        "test_beta.py [XLA_SOME_DEBUG=1]",
+        "test_beta.py [DUMP_TO=/tmp/dump.txt]",
+        "test_gamma.py",
+    ]
+    assert [cpu_ci.group_of(e) for e in entries] == ["ops", "ops", "ops", "mp scripts"]
+    private = cpu_ci.private_paths(entries[2].env, tmp_path / "own")
+    assert private["DUMP_TO"] == str(tmp_path / "own" / "dump.txt")
+    assert (tmp_path / "own").is_dir() and private["PJRT_DEVICE"] == "CPU"
+
+
+def test_classify_pytest_files_and_programs(ci) -> None:
+    ci_script, _ = ci
+    assert ci_script.classify(PYTEST_FILE) == "pytest"
+    assert ci_script.classify(PROGRAM_FILE) == "program"  # its tests run in spawned workers
+    script = "import torch_xla\n\nif __name__ == '__main__':\n  print('no tests here')\n"
+    assert ci_script.classify(script) == "program"
+
+
+def test_ci_summary_groups_kinds_crashes_and_time(ci) -> None:
+    _, cpu_ci = ci
+
+    def side(outcomes, lines=None, note="", wall=10.0, rc=0):
+        run = {"outcomes": outcomes, "first_lines": lines or {}, "note": note, "wall_s": wall}
+        return {**run, "rc": rc}
+
+    records = {
+        "spmd/test_s.py": {
+            "group": "spmd",
+            "real": side({"S::a": "passed", "S::b": "passed", "S::c": "failed"}),
+            "sim": side(
+                {"S::a": "passed", "S::b": "failed"},
+                {"S::b": "AssertionError: 3 != 4"},
+                wall=30.0,
+            ),
+        },
+        "test_o.py [XLA_X=1]": {
+            "group": "ops",
+            "real": side({"O::a": "passed", "O::b": "passed", "O::c": "passed"}),
+            "sim": side({}, note="crashed: killed by SIGSEGV", wall=5.0),
+        },
+        "test_m.py": {
+            "group": "mp scripts",
+            "real": side({"<program>": "passed"}),
+            # xlasim run reports a host process's signal N as exit status 128 + N
+            "sim": side({"<program>": "failed"}, {"<program>": "AssertionError: 7 != 8"}, rc=134),
+        },
+        "test_half.py": {"group": "ops", "real": side({"H::a": "passed"})},  # sim not run yet
+    }
+    summary = cpu_ci.summarize(records)
+    assert summary["total"] == {"runs": 3, "real_passed": 6, "sim_passed": 1}
+    assert summary["groups"]["spmd"] == {"runs": 1, "real_passed": 2, "sim_passed": 1}
+    assert summary["groups"]["ops"] == {"runs": 1, "real_passed": 3, "sim_passed": 0}
+    # largest kinds first; both assertion failures are one kind (numbers blanked)
+    assert summary["failure_kinds"][0] == {
+        "count": 3,
+        "kind": "[not run] crashed: killed by SIGSEGV",
+        "example": "test_o.py [XLA_X=1]::O::a",
+    }
+    assert summary["failure_kinds"][1]["kind"] == "AssertionError: N != N"
+    assert summary["failure_kinds"][1]["count"] == 2
+    assert summary["crashes_and_hangs"] == [
+        "sim test_m.py: crashed: killed by SIGABRT",
+        "sim test_o.py [XLA_X=1]: crashed: killed by SIGSEGV",
+    ]
+    assert summary["time"] == {"real_s": 30.0, "sim_s": 45.0, "ratio": 1.5}

@@ -1,0 +1,133 @@
+"""Which files pytorch/xla's CPU CI script (``test/run_tests.sh``) runs, and how.
+
+The script is a chain of bash functions (``run_test``, ``run_dynamic``, ``run_xla_hlo_debug
+run_test ...``) that each prefix environment variables and end in ``python3 FILE ARGS``. Rather
+than re-implement bash, the script is run for real with ``python3``, ``python`` and ``rm``
+replaced (first on ``PATH``) by a recorder that writes down its arguments and the
+environment it was given and exits 0. What the recorder saw, in order, is the CI's list of runs:
+each file with the exact environment the script built for it. ``rm`` is replaced so the trace
+deletes nothing on this machine (the script clears files it expects under ``/tmp``). The
+environment it runs in is bare (no ``USE_COVERAGE``), so every run goes through ``python3``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Variables bash itself sets or changes in every child; they say nothing about the test's run.
+_SHELL_VARS = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "PATH"})
+# What the script's ``python -c 'import torch_xla; print(torch_xla.__file__)'`` is told.
+_FAKE_TORCH_XLA = "/nonexistent/torch_xla/__init__.py"
+
+_RECORDER = """\
+import json, os, sys
+args = sys.argv[1:]
+if args[:1] == ["-c"]:
+    print({fake!r})
+    raise SystemExit(0)
+with open(os.environ["CI_TRACE_FILE"], "a") as out:
+    out.write(json.dumps({{"tool": {tool!r}, "argv": args, "env": dict(os.environ)}}) + "\\n")
+"""
+
+_MAIN_BLOCK = re.compile(r"""^if\s+__name__\s*==\s*['"]__main__['"]\s*:""", re.MULTILINE)
+_SPAWNS = re.compile(r"\b(?:xmp\.spawn|torch_xla\.launch|launch)\(")
+_HAS_TESTS = re.compile(r"^\s*(?:class\s+\w+\(.*TestCase.*\)|def\s+test_\w*\()", re.MULTILINE)
+
+PYTEST = "pytest"  # collected and run by pytest: one outcome per test
+PROGRAM = "program"  # run as ``python FILE ARGS``: passes when it exits 0
+
+
+@dataclass
+class Entry:
+    """One run the CI script makes: a file, the environment the script built for it (only what
+    it set; the caller's environment is not included), the arguments after the file, and how the
+    bench runs it."""
+
+    file: str  # relative to the test dir (``../examples/...`` for files outside it)
+    env: dict[str, str] = field(default_factory=dict)
+    args: list[str] = field(default_factory=list)
+    kind: str = PYTEST
+
+    @property
+    def key(self) -> str:
+        """Names the run among the script's runs of the same file: the file plus the variables
+        that differ from the script's plain ``run_test`` (a file runs once per variant)."""
+        extra = [f"{k}={v}" for k, v in sorted(self.env.items()) if k not in _COMMON]
+        return f"{self.file} [{' '.join(extra)}]" if extra else self.file
+
+
+# Set for every run by the script's exports and its plain ``run_test``; not part of a key.
+_COMMON = frozenset(
+    {"PJRT_DEVICE", "CPU_NUM_DEVICES", "TORCH_TEST_DEVICES", "PYTORCH_TEST_WITH_SLOW"}
+    | {"XLA_DUMP_FATAL_STACK"}
+)
+
+
+def classify(source: str) -> str:
+    """Program when the file's ``__main__`` block starts processes (upstream's multi-process
+    tests run their test cases inside the spawned workers) or it holds no test cases."""
+    main = _MAIN_BLOCK.search(source)
+    if main and _SPAWNS.search(source[main.end() :]):
+        return PROGRAM
+    return PYTEST if _HAS_TESTS.search(source) else PROGRAM
+
+
+def trace(script: Path, *, timeout: float = 60) -> list[Entry]:
+    """The runs ``script`` makes, in order, each with the environment it set for that run."""
+    script = script.resolve()
+    test_dir = script.parent
+    with tempfile.TemporaryDirectory(prefix="ci_trace_") as tmp:
+        bin_dir = Path(tmp, "bin")
+        bin_dir.mkdir()
+        for tool in ("python3", "python", "rm"):
+            shim = bin_dir / tool
+            body = _RECORDER.format(fake=_FAKE_TORCH_XLA, tool=tool)
+            shim.write_text(f"#!{sys.executable} -S\n{body}")  # -S: no site, quick start
+            shim.chmod(0o755)
+        trace_file = Path(tmp, "trace.jsonl")
+        base = {
+            "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '/usr/bin:/bin')}",
+            "HOME": tmp,  # the script cds to ~ to ask python where torch_xla is
+            "CI_TRACE_FILE": str(trace_file),
+            # keep going past a step that reports failure (the recorder never does, but the
+            # script's own checks may)
+            "CONTINUE_ON_ERROR": "1",
+            # what Python's C-locale coercion would add to the recorder's own environment
+            "LC_CTYPE": "C.UTF-8",
+        }
+        done = subprocess.run(
+            ["bash", str(script), "-L"],
+            env=base,
+            cwd=tmp,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        if not trace_file.exists():
+            tail = done.stderr[-500:]
+            raise RuntimeError(f"{script} ran nothing (exit {done.returncode}): {tail}")
+        records = [json.loads(ln) for ln in trace_file.read_text().splitlines() if ln]
+    entries = []
+    for rec in records:
+        if rec["tool"] == "rm":
+            continue
+        argv = rec["argv"]
+        path = Path(os.path.normpath(argv[0]))
+        env = {
+            k: v
+            for k, v in rec["env"].items()
+            if k not in _SHELL_VARS and base.get(k) != v and k != "CI_TRACE_FILE"
+        }
+        env.pop("CONTINUE_ON_ERROR", None)
+        rel = os.path.relpath(path, test_dir)
+        source = path.read_text(errors="replace") if path.exists() else ""
+        entries.append(Entry(rel, env, argv[1:], classify(source)))
+    return entries
