@@ -596,13 +596,10 @@ def xla_target(request: pytest.FixtureRequest) -> Iterator[XlaTarget]:
     if name == "sim":
         yield from _run_simulated(request, target)
         return
-    child = request.config.stash[_child_target_key]
-    if child is None:
-        reason = _unavailable(target)
-        if reason is not None:
-            pytest.skip(f"{name} target unavailable: {reason}")
+    if _runs_in_a_child(request, target):
         yield target  # the body runs in a subprocess, see pytest_pyfunc_call
         return
+    child = request.config.stash[_child_target_key]
     if child != name:
         raise RuntimeError(f"child pytest for target {child!r} was asked to run target {name!r}")
     _check_no_simulator(target)
@@ -612,6 +609,17 @@ def xla_target(request: pytest.FixtureRequest) -> Iterator[XlaTarget]:
     path = getattr(module, "__file__", None)
     if path and _in_simulator(path):
         raise RuntimeError(f"target {target}: torch_xla resolved to the simulator ({path})")
+
+
+def _runs_in_a_child(request: pytest.FixtureRequest, target: XlaTarget) -> bool:
+    """In the session's own pytest, a real target's test runs in a child pytest: skipped here
+    with the reason where the target is missing. False inside that child."""
+    if request.config.stash[_child_target_key] is not None:
+        return False
+    reason = _unavailable(target)
+    if reason is not None:
+        pytest.skip(f"{target.name} target unavailable: {reason}")
+    return True
 
 
 @pytest.fixture
@@ -634,11 +642,7 @@ def torch_tpu_target(request: pytest.FixtureRequest) -> Iterator[XlaTarget]:
 
             yield simulated
         return
-    child = request.config.stash[_child_target_key]
-    if child is None:
-        reason = _unavailable(target)
-        if reason is not None:
-            pytest.skip(f"{name} target unavailable: {reason}")
+    if _runs_in_a_child(request, target):
         yield target  # the body runs in a subprocess, see pytest_pyfunc_call
         return
     _check_no_simulator(target)
