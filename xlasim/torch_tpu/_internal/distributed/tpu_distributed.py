@@ -113,6 +113,9 @@ class ProcessGroupTpu(_ProcessGroup):
         self._register_backend(
             torch.device(tpu_device.DEVICE_TYPE), dist.ProcessGroup.BackendType.CUSTOM, self._gloo
         )
+        # ...and as its default backend: torch 2.15 attaches its flight recorder to every new
+        # group with device types, and the recorder asks the default backend for the group's name.
+        self._set_default_backend(dist.ProcessGroup.BackendType.CUSTOM)
         self._backend_name = backend_name
 
     def getBackendName(self) -> str:  # noqa: N802  (the C++ virtual torch calls by this name)
