@@ -21,7 +21,7 @@ from global_batch import eager_sgd
 from launcher import kill_launcher_group, start_xlasim_run
 
 from xlasim.cli import launcher as host_launcher
-from xlasim.runtime import hosts
+from xlasim.runtime import hosts, ports
 
 pytestmark = pytest.mark.skipif(
     not os.path.exists(os.path.join(sysconfig.get_paths()["purelib"], "xlasim.pth")),
@@ -269,7 +269,7 @@ def test_a_host_left_alone_stops_within_the_named_bound():
 def test_a_host_waiting_for_host_0_says_whom_where_and_its_bound():
     """Host 1 started by hand (``--host-index 1``) at an address where no host 0 ever comes:
     within 10 s it says what it waits for, then gives up at the bound."""
-    address = host_launcher.loopback_address()
+    address = ports.loopback_address()
     code = LONE.replace("xr.process_index() == 0", "xr.process_index() == 1")
     out = _xlasim_run(
         "--topology", "2x2x2", "--accelerator", "v4", "--host-index", "1",

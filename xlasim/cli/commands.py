@@ -22,12 +22,8 @@ from tpu_backend.topology import (
 )
 from xlasim._activation import NUM_SLICES_ENV, SINGLE_PROCESS_ENV, SLICE_INDEX_ENV
 from xlasim.arguments import OneLineErrorParser, fail, positive_int, reject_dash_topologies
-from xlasim.cli.launcher import (
-    HOSTS_ADDR_ENV,
-    LOCAL_HOSTS_TIMEOUT_S,
-    loopback_address,
-    run_hosts,
-)
+from xlasim.cli.launcher import HOSTS_ADDR_ENV, LOCAL_HOSTS_TIMEOUT_S, run_hosts
+from xlasim.runtime.ports import loopback_address
 from xlasim.runtime.settings import (
     COMPILER_ENV,
     COMPILERS,

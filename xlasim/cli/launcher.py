@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import collections
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -32,13 +31,6 @@ STOP_GRACE_S = 10.0
 # How many of a silent host's last lines are kept to show when it fails.
 TAIL_LINES = 40
 _POLL_S = 0.05
-
-
-def loopback_address() -> str:
-    """A free loopback port for host 0's store: hosts on one machine never listen outside it."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{sock.getsockname()[1]}"
 
 
 def exit_code(returncode: int) -> int:

@@ -28,7 +28,6 @@ import contextlib
 import copy
 import logging
 import os
-import socket
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from tpu_backend.topology import SliceSpec, parse_slice
+from xlasim.runtime.ports import loopback_address
 
 __all__ = [
     "ClusterStartError",
@@ -212,12 +212,6 @@ class SimulatedTPUCluster:
         ]
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _shutdown(cluster: Any) -> None:
     import ray  # deferred: Ray is optional
 
@@ -375,8 +369,8 @@ def _start_cluster(
         # One rendezvous address per slice for the simulator's cross-host exchange; the
         # host-0 worker of each run listens there, runs on a cluster follow one another.
         # Several slices share one: a multislice job's hosts all exchange in one group.
-        shared_addr = f"127.0.0.1:{_free_port()}" if len(slice_names) > 1 else None
-        hosts_addrs = {name: shared_addr or f"127.0.0.1:{_free_port()}" for name in slice_names}
+        shared_addr = loopback_address() if len(slice_names) > 1 else None
+        hosts_addrs = {name: shared_addr or loopback_address() for name in slice_names}
         if separate_head:
             cluster.add_node(
                 num_cpus=head_num_cpus,

@@ -3,7 +3,7 @@
 torch.distributed's ``TCPStore`` server binds the wildcard address (every interface) whatever
 host name it is given, and gloo's default device binds whatever this machine's host name
 resolves to.  The simulated hosts of a slice run on this machine and meet at an address the
-simulator chose (a ``127.0.0.1`` port, see ``xlasim.cli.launcher.loopback_address``), so a
+simulator chose (a ``127.0.0.1`` port, see ``xlasim.runtime.ports.loopback_address``), so a
 store opened here listens on a socket bound to exactly that address, and gloo binds loopback
 when the hosts meet on loopback: nothing of the simulation is reachable from other machines.
 """

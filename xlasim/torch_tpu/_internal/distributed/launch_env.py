@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import time
 from collections.abc import Callable, Sequence
 
 from torch_tpu._internal.utils import hardware
 
 from xlasim.runtime import hosts, state
+from xlasim.runtime.ports import free_loopback_port
 from xlasim.sharding.device_layout import device_attributes
 
 _PREFIX = "set_tpu_launch_env(): expected"
@@ -109,12 +109,6 @@ def _worker_hostnames() -> str | None:
     return ",".join(hosts.tpu_vm_worker_addresses(runtime)) if runtime is not None else None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def set_tpu_launch_env(*, nnodes: int | None = None, nproc_per_node: int | None = None) -> None:
     """Sets ``TORCH_TPU_TOPOLOGY``, ``TORCH_TPU_SLICEBUILDER_ADDRESSES`` (one address per
     process of the job), ``TORCH_TPU_XPROF_SESSION_ID`` and, across hosts, ``NNODES``,
@@ -135,7 +129,7 @@ def set_tpu_launch_env(*, nnodes: int | None = None, nproc_per_node: int | None 
     count = nproc_per_node if nproc_per_node is not None else hardware.get_tpu_device_count()
     _set_once(
         "TORCH_TPU_SLICEBUILDER_ADDRESSES",
-        lambda: ",".join(f"localhost:{_free_port()}" for _ in range(count)),
+        lambda: ",".join(f"localhost:{free_loopback_port()}" for _ in range(count)),
     )
 
     def detected() -> str:
