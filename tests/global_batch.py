@@ -1,9 +1,12 @@
-"""The eager CPU reference for the multi-host training tests: a Linear(8, 1) trained with SGD for
-two steps on the global batch the hosts feed (4 rows per device, seed 0)."""
+"""References for the multi-host training tests: the eager CPU SGD run of the global batch the
+hosts feed, and the demo's loop on one slice for the multislice runs."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
+
+import xlasim
 
 
 def eager_sgd(num_devices: int, rows: slice = slice(None)) -> tuple[list[float], list[float]]:
@@ -22,3 +25,35 @@ def eager_sgd(num_devices: int, rows: slice = slice(None)) -> tuple[list[float],
         opt.step()
         losses.append(loss.item())
     return losses, model.weight.detach().flatten().tolist()
+
+
+def demo_losses_on_one_slice(steps: int, batch: int) -> list[float]:
+    """The losses of ``xlasim demo``'s training loop on one 8-device v4-16 slice (mesh (2, 4),
+    batch sharded on 'data'), simulated in this process: what a multislice run of the same
+    global batch must give."""
+    with xlasim.simulate("2x2x2", "v4", spmd=True, single_process=True):
+        import torch_xla
+        import torch_xla.distributed.spmd as xs
+
+        mesh = xs.Mesh(np.arange(8), (2, 4), ("data", "model"))
+        device = torch_xla.device()
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(
+            torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1)
+        ).to(device)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        gen = torch.Generator().manual_seed(1)
+        x = torch.randn(batch, 16, generator=gen)
+        y = torch.tanh(x @ torch.randn(16, 1, generator=gen))
+        xd, yd = x.to(device), y.to(device)
+        xs.mark_sharding(xd, mesh, ("data", None))
+        xs.mark_sharding(yd, mesh, ("data", None))
+        losses = []
+        for _ in range(steps):
+            optimizer.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(xd), yd)
+            loss.backward()
+            optimizer.step()
+            torch_xla.sync()
+            losses.append(loss.item())
+        return losses

@@ -5,49 +5,16 @@ same global batch (here one 8-device v4-16 simulated in this process, the demo's
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
+from global_batch import demo_losses_on_one_slice
 
 pytest.importorskip("ray.train")
 
-import xlasim  # noqa: E402
 from xlasim.cli import demo  # noqa: E402
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.xdist_group("ray")]
 
 STEPS, BATCH = 2, 32
-
-
-def _one_slice_losses() -> list[float]:
-    """The demo's training loop on one 8-device slice, in this process."""
-    import torch
-
-    with xlasim.simulate("2x2x2", "v4", spmd=True, single_process=True):
-        import torch_xla
-        import torch_xla.distributed.spmd as xs
-
-        mesh = xs.Mesh(np.arange(8), (2, 4), ("data", "model"))
-        device = torch_xla.device()
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(
-            torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1)
-        ).to(device)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-        gen = torch.Generator().manual_seed(1)
-        x = torch.randn(BATCH, 16, generator=gen)
-        y = torch.tanh(x @ torch.randn(16, 1, generator=gen))
-        xd, yd = x.to(device), y.to(device)
-        xs.mark_sharding(xd, mesh, ("data", None))
-        xs.mark_sharding(yd, mesh, ("data", None))
-        losses = []
-        for _ in range(STEPS):
-            optimizer.zero_grad()
-            loss = torch.nn.functional.mse_loss(model(xd), yd)
-            loss.backward()
-            optimizer.step()
-            torch_xla.sync()
-            losses.append(loss.item())
-        return losses
 
 
 def test_two_slices_train_as_one_slice_of_the_same_global_batch(tpu_clusters, tmp_path):
@@ -74,4 +41,4 @@ def test_two_slices_train_as_one_slice_of_the_same_global_batch(tpu_clusters, tm
         # HybridMesh(ici (1, 4), dcn (2, 1)): real torch_xla 2.9's order (tests/test_multislice.py)
         assert r["mesh_device_ids"] == [0, 2, 1, 3, 4, 6, 5, 7]
     assert records[0]["losses"] == records[1]["losses"]
-    assert records[0]["losses"] == pytest.approx(_one_slice_losses(), rel=1e-5)
+    assert records[0]["losses"] == pytest.approx(demo_losses_on_one_slice(STEPS, BATCH), rel=1e-5)

@@ -4,7 +4,9 @@ The live tests start what a team's cluster is: a head (``ray start --head``) and
 ``xlasim ray-node`` commands, each its own ``ray start`` worker node on its own ports, as on
 two machines, hosting host 0 and host 1 of one v4-16 slice.  An unchanged driver (only
 ``RAY_ADDRESS`` and ``RAY_RUNTIME_ENV_HOOK`` in its environment) trains on it with
-``tpu_backend.TorchTrainer``; then one node's ``ray start`` is killed during a run.  Every wait
+``tpu_backend.TorchTrainer``; then one node's ``ray start`` is killed during a run.  A cluster
+of its own has the one host of each slice of a 2 x v4-8 job on two machines
+(``--num-slices 2 --slice-index S``), which train as one slice of the same global batch.  Every wait
 is bounded (the bounds are named below) and every process started here is stopped on every
 exit path, by its process group, never with ``ray stop``.
 """
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from global_batch import demo_losses_on_one_slice
 from sockets import free_port
 
 pytest.importorskip("ray.train")
@@ -37,7 +40,11 @@ from shared_clusters import RAY_TEST_ENV  # noqa: E402
 from tpu_backend.topology import parse_slice  # noqa: E402
 from xlasim.cli.commands import main as xlasim_main  # noqa: E402
 from xlasim.ray import node as ray_node  # noqa: E402
-from xlasim.ray.cluster import SIMULATION_RUNTIME_ENV  # noqa: E402
+from xlasim.ray.cluster import (  # noqa: E402
+    SIMULATION_RUNTIME_ENV,
+    exchange_address,
+    slice_names,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -162,6 +169,55 @@ def test_kuberay_command_prints_the_snippet_without_a_cluster(capsys):
     assert "TPU-v4-16-head" not in groups[1]["rayStartParams"]["resources"]
 
 
+def _kuberay_env(capsys, *args):
+    argv = ["ray-node", "--topology", "2x2x1", "--accelerator", "v4", "--kuberay", *args]
+    assert xlasim_main(argv) == 0
+    (group,) = yaml.safe_load(capsys.readouterr().out)["workerGroupSpecs"]
+    (container,) = group["template"]["spec"]["containers"]
+    return {e["name"]: e["value"] for e in container["env"]}
+
+
+def test_each_slice_of_a_multislice_job_meets_at_the_first_slices_host_0(capsys):
+    first = _kuberay_env(capsys, "--num-slices", "2", "--slice-index", "0")
+    second = _kuberay_env(capsys, "--num-slices", "2", "--slice-index", "1")
+    assert (first["TPU_NAME"], second["TPU_NAME"]) == ("xlasim-v4-8-0", "xlasim-v4-8-1")
+    # one exchange for the job: the same port on every slice, the first slice's host 0 listens
+    port = str(ray_node.default_hosts_port("xlasim-v4-8-0"))
+    assert first["XLASIM_NODE_HOSTS_PORT"] == second["XLASIM_NODE_HOSTS_PORT"] == port
+    assert "XLASIM_NODE_HOSTS_SLICE" not in first
+    assert second["XLASIM_NODE_HOSTS_SLICE"] == "xlasim-v4-8-0"
+    named = _kuberay_env(capsys, "--num-slices", "2", "--slice-index", "1", "--slice-name", "j")
+    assert (named["TPU_NAME"], named["XLASIM_NODE_HOSTS_SLICE"]) == ("j-1", "j-0")
+    # one slice: its own name, no exchange slice named
+    single = _kuberay_env(capsys)
+    assert single["TPU_NAME"] == "xlasim-v4-8" and "XLASIM_NODE_HOSTS_SLICE" not in single
+
+
+def test_slice_names_sort_in_slice_order():
+    # tpu_backend numbers a job's slices by sorting their names
+    names = slice_names("job", 12)
+    assert names[:2] == ["job-00", "job-01"] and names[-1] == "job-11"
+    assert sorted(names) == names
+    assert slice_names("job", 1) == ["job"]
+
+
+def test_a_worker_finds_the_exchange_at_its_slices_host_0_node():
+    def node(name, worker, ip, alive=True):
+        labels = {"ray.io/tpu-slice-name": name, "ray.io/tpu-worker-id": worker}
+        return {"Alive": alive, "Labels": labels, "NodeManagerAddress": ip}
+
+    nodes = [
+        {"Alive": True, "Labels": {}, "NodeManagerAddress": "10.0.0.1"},  # a TPU-less head
+        node("j-1", "0", "10.0.0.3"),
+        node("j-0", "1", "10.0.0.4"),
+        node("j-0", "0", "10.0.0.5", alive=False),  # a dead node is no one's exchange
+        node("j-0", "0", "10.0.0.2"),
+    ]
+    assert exchange_address(nodes, "j-0", "2900") == "10.0.0.2:2900"
+    assert exchange_address(nodes, "j-1", "2900") == "10.0.0.3:2900"
+    assert exchange_address(nodes, "j-2", "2900") is None
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -176,6 +232,16 @@ def test_kuberay_command_prints_the_snippet_without_a_cluster(capsys):
         (["--topology", "4x4", "--address", "h:1", "stray"], "unexpected argument 'stray'"),
         (["--topology", "4x4", "--address", "h:1", "--hosts-port", "70000"], "port in 1..65535"),
         (["--topology", "4x4", "--address", "h:1", "--num-cpus-per-host", "-1"], "CPUs >= 0"),
+        (
+            ["--topology", "4x4", "--address", "h:1", "--num-slices", "2"],
+            "--slice-index is required with --num-slices 2: the slice (0-1)",
+        ),
+        (
+            ["--topology", "4x4", "--address", "h:1", "--num-slices", "2", "--slice-index", "2"],
+            "slice_index 2 is out of range for 2 slice(s): valid slice indices are 0..1",
+        ),
+        (["--topology", "4x4", "--address", "h:1", "--slice-index", "1"], "for 1 slice(s)"),
+        (["--topology", "4x4", "--address", "h:1", "--num-slices", "0"], "'0'"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2_before_anything_starts(args, message, capsys):
@@ -268,8 +334,13 @@ def _wait_for(predicate, bound_s: float, what: str, detail) -> None:
         time.sleep(0.5)
 
 
-def _start_machine(hosts: str, cluster_env, address, hosts_port, temp_dir, log_dir) -> Machine:
-    log = log_dir / f"machine-{hosts}.log"
+def _start_machine(
+    hosts: str, cluster_env, address, hosts_port, temp_dir, log_dir, slice_args=()
+) -> Machine:
+    """``slice_args``: the slice these hosts are of (default host ``hosts`` of v4-16 'multi')."""
+    tag = "-".join([hosts, *slice_args[1::2]]) if slice_args else hosts
+    slice_args = list(slice_args) or ["--topology", "2x2x2", "--slice-name", "multi"]
+    log = log_dir / f"machine-{tag}.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [
@@ -277,20 +348,17 @@ def _start_machine(hosts: str, cluster_env, address, hosts_port, temp_dir, log_d
                 "-m",
                 "xlasim",
                 "ray-node",
-                "--topology",
-                "2x2x2",
+                *slice_args,
                 "--accelerator",
                 "v4",
                 "--hosts",
                 hosts,
                 "--address",
                 address,
-                "--slice-name",
-                "multi",
                 "--hosts-port",
                 str(hosts_port),
                 "--log-dir",
-                str(log_dir / f"nodes-{hosts}"),
+                str(log_dir / f"nodes-{tag}"),
                 f"--temp-dir={temp_dir}",
                 "--disable-usage-stats",
             ],
@@ -301,6 +369,18 @@ def _start_machine(hosts: str, cluster_env, address, hosts_port, temp_dir, log_d
             start_new_session=True,
         )
     return Machine(hosts, proc, log)
+
+
+def _join(machine: Machine) -> Machine:
+    """Wait (bounded) until the machine's nodes have joined the cluster."""
+    _wait_for(
+        lambda: "are Ray nodes of" in machine.output() or machine.process.poll() is not None,
+        NODE_START_BOUND_S,
+        f"xlasim ray-node --hosts {machine.hosts} joining",
+        machine.output,
+    )
+    assert machine.process.poll() is None, machine.output()
+    return machine
 
 
 def _stop_machine(machine: Machine) -> None:
@@ -318,8 +398,10 @@ def _stop_machine(machine: Machine) -> None:
             os.killpg(pid, signal.SIGKILL)
 
 
-@pytest.fixture(scope="module")
-def live_cluster(tpu_clusters):
+@contextlib.contextmanager
+def _live_cluster(tpu_clusters, machines_args):
+    """A head and one `xlasim ray-node` machine per (hosts, slice arguments) of
+    ``machines_args``, on a cluster of their own; all stopped on every exit path."""
     # Its nodes are started beside this process: no other cluster of this process runs then.
     tpu_clusters.release()
     # Short: Ray's socket paths under the temp dir have a length limit.
@@ -341,19 +423,14 @@ def live_cluster(tpu_clusters):
         timeout_s=NODE_START_BOUND_S,
     )
     machines: list[Machine] = []
-    hosts_port = free_port()  # the same on both machines: where host 0 listens
+    hosts_port = free_port()  # the same on every machine: where host 0 listens
     try:
         # One machine after the other: each raylet must register within Ray's fixed 30 s.
-        for hosts in ("0", "1"):
-            machine = _start_machine(hosts, env, address, hosts_port, temp_dir, log_dir)
-            machines.append(machine)
-            _wait_for(
-                lambda m=machine: "are Ray nodes of" in m.output() or m.process.poll() is not None,
-                NODE_START_BOUND_S,
-                f"xlasim ray-node --hosts {hosts} joining",
-                machine.output,
+        for hosts, slice_args in machines_args:
+            machines.append(
+                _start_machine(hosts, env, address, hosts_port, temp_dir, log_dir, slice_args)
             )
-            assert machine.process.poll() is None, machine.output()
+            _join(machines[-1])
         yield LiveCluster(address, env, machines, temp_dir)
     finally:
         for machine in machines:
@@ -455,6 +532,78 @@ def _assert_nothing_left(cluster: LiveCluster, cwd: Path) -> None:
     assert left["placement_groups"] == 0, left
     singletons = [a for a in left["actors"] if a[0] in _CLUSTER_SINGLETONS]
     assert len(singletons) <= 1 and len(left["actors"]) == len(singletons), left
+
+
+@pytest.fixture
+def two_slice_cluster(tpu_clusters):
+    """The one host of each slice of a 2 x v4-8 job, started separately as on two machines,
+    agreeing only on the job's name and exchange port (a cluster of their own: Ray places a
+    single-host slice's workers on any node with the chips, another slice's hosts included)."""
+    machines_args = [
+        (
+            "0",
+            ["--topology", "2x2x1", "--slice-name", "ms", "--num-slices", "2", "--slice-index", i],
+        )
+        for i in ("0", "1")
+    ]
+    with _live_cluster(tpu_clusters, machines_args) as cluster:
+        yield cluster
+
+
+_TWO_SLICE_DRIVER = r"""
+import json, sys
+import ray
+from xlasim.cli import demo
+from xlasim.ray.cluster import error_chain_text, release_placement_groups
+
+steps, batch, out_dir, storage, bound = sys.argv[1:]
+ray.init()  # RAY_ADDRESS and RAY_RUNTIME_ENV_HOOK come from the environment
+result = {"error": None}
+try:
+    demo.run(
+        "2x2x1", "v4", steps=int(steps), batch=int(batch), num_slices=2, out_dir=out_dir,
+        storage_path=storage, fit_timeout_s=float(bound),
+    )
+except Exception as exc:
+    result["error"] = error_chain_text(exc)
+result["placement_groups_left"] = release_placement_groups()
+print("RESULT " + json.dumps(result), flush=True)
+"""
+
+
+def test_two_slices_on_two_machines_train_as_one_slice(two_slice_cluster, tmp_path):
+    steps, batch = 2, 32
+    out_dir = tmp_path / "records"
+    out_dir.mkdir()
+    args = (str(steps), str(batch), str(out_dir), str(tmp_path / "results"), str(FIT_BOUND_S))
+    result = _finish(
+        _driver(two_slice_cluster, _TWO_SLICE_DRIVER, *args, cwd=tmp_path), "RESULT", DRIVER_BOUND_S
+    )
+    assert result["error"] is None, result["error"]
+    for machine, name in zip(two_slice_cluster.machines, ("ms-0", "ms-1"), strict=True):
+        assert f"(slice {name}, " in machine.output()
+
+    from xlasim.cli import demo
+
+    records = demo.read_records(out_dir)
+    # slice 1's host found slice 0's host 0 on the other machine: one exchange, one program
+    assert [(r["slice_index"], r["host_index"], r["process_index"]) for r in records] == [
+        (0, 0, 0),
+        (1, 0, 1),
+    ]
+    for r in records:
+        assert r["megascale_slice_id"] == str(r["slice_index"])
+        assert (r["process_count"], r["global_devices"], r["addressable_devices"]) == (2, 8, 4)
+    assert records[0]["losses"] == records[1]["losses"]
+    assert records[0]["losses"] == pytest.approx(demo_losses_on_one_slice(steps, batch), rel=1e-5)
+    assert result["placement_groups_left"] == 0
+    _assert_nothing_left(two_slice_cluster, tmp_path)
+
+
+@pytest.fixture(scope="module")
+def live_cluster(tpu_clusters):
+    with _live_cluster(tpu_clusters, [("0", ()), ("1", ())]) as cluster:
+        yield cluster
 
 
 def test_an_unchanged_driver_trains_on_hosts_of_two_machines(live_cluster, tmp_path):

@@ -51,6 +51,9 @@ __all__ = [
     "release_placement_groups",
     "error_chain_text",
     "HOSTS_PORT_ENV",
+    "HOSTS_SLICE_ENV",
+    "exchange_address",
+    "slice_names",
 ]
 
 DEFAULT_OBJECT_STORE_BYTES = 80 * 1024 * 1024
@@ -83,6 +86,21 @@ HOSTS_PORT_ENV = "XLASIM_NODE_HOSTS_PORT"
 """On nodes that know only the port of their slice's host exchange (``xlasim ray-node``: host 0
 may be on another machine); :func:`job_worker_setup` finds host 0's address."""
 
+HOSTS_SLICE_ENV = "XLASIM_NODE_HOSTS_SLICE"
+"""The slice whose host 0 listens for the exchange, on the nodes of a multislice job (every
+slice's hosts exchange in one group, so all meet at the first slice's host 0); unset, a node's
+own slice (``TPU_NAME``)."""
+
+
+def slice_names(base: str, num_slices: int) -> list[str]:
+    """The ``TPU_NAME`` of each slice of a job named ``base``: ``base`` itself for one slice,
+    else ``base-0``, ``base-1``, ... zero-padded, so that sorting the names (as
+    ``tpu_backend`` orders a job's slices) gives the slices in index order."""
+    if num_slices == 1:
+        return [base]
+    width = len(str(num_slices - 1))
+    return [f"{base}-{i:0{width}d}" for i in range(num_slices)]
+
 
 def job_worker_setup() -> None:
     """Runs first in every worker process of a job on a simulated cluster (Ray's
@@ -107,24 +125,32 @@ def job_worker_setup() -> None:
 
 
 def _join_hosts_port() -> None:
-    """``XLASIM_HOSTS_ADDR`` from the node's port and the address of its slice's host-0 node
-    (found by its TPU labels), for nodes that carry only the port."""
+    """``XLASIM_HOSTS_ADDR`` from the node's port and the address of the host-0 node of its
+    exchange's slice (found by its TPU labels), for nodes that carry only the port."""
     import ray  # deferred: Ray is optional; this runs inside Ray workers only
 
     port = os.environ.get(HOSTS_PORT_ENV)
-    slice_name = os.environ.get("TPU_NAME")
+    slice_name = os.environ.get(HOSTS_SLICE_ENV) or os.environ.get("TPU_NAME")
     if not port or not slice_name or os.environ.get("XLASIM_HOSTS_ADDR"):
         return
-    for node in ray.nodes():
+    address = exchange_address(ray.nodes(), slice_name, port)
+    # No such host 0 in the cluster: left unset, the simulator names the variable if needed.
+    if address is not None:
+        os.environ["XLASIM_HOSTS_ADDR"] = address
+
+
+def exchange_address(nodes: list[dict[str, Any]], slice_name: str, port: str) -> str | None:
+    """'ip:port' of the live node that is worker 0 of ``slice_name`` among ``nodes`` (as
+    ``ray.nodes()`` lists them), or None."""
+    for node in nodes:
         labels = node.get("Labels") or {}
         if (
             node.get("Alive")
             and labels.get("ray.io/tpu-slice-name") == slice_name
             and labels.get("ray.io/tpu-worker-id") == "0"
         ):
-            os.environ["XLASIM_HOSTS_ADDR"] = f"{node['NodeManagerAddress']}:{port}"
-            return
-    # No host 0 in the cluster: left unset, the simulator names the variable if it is needed.
+            return f"{node['NodeManagerAddress']}:{port}"
+    return None
 
 
 def host_node_args(
@@ -294,7 +320,7 @@ def simulated_tpu_cluster(
         raise ValueError(f"startup_attempts {startup_attempts!r} is not valid: expected an int")
     if startup_attempts < 1:
         raise ValueError(f"startup_attempts {startup_attempts!r} is not valid: expected >= 1")
-    slice_names = [f"xlasim-{spec.pod_type}-{chr(ord('a') + i)}" for i in range(num_slices)]
+    names = slice_names(f"xlasim-{spec.pod_type}", num_slices)
     say = progress or (lambda line: None)
     t0 = time.monotonic()
     handle = None
@@ -302,7 +328,7 @@ def simulated_tpu_cluster(
         try:
             handle = _start_cluster(
                 spec,
-                slice_names,
+                names,
                 simulate=simulate,
                 num_cpus_per_host=num_cpus_per_host,
                 head_num_cpus=head_num_cpus,

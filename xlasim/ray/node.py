@@ -11,7 +11,11 @@ What differs from the one-machine cluster is where the simulated hosts meet to e
 host-entered data (``XLASIM_HOSTS_ADDR``: host 0 listens).  Host 0 may be on any machine, so
 every node of a slice carries only the port (:data:`HOSTS_PORT_ENV`); when a job's worker
 starts, :func:`xlasim.ray.cluster.job_worker_setup` finds host 0's node by its labels and
-joins the port to that node's address.
+joins the port to that node's address.  A multislice job (``--num-slices 2 --slice-index 1``
+on the machines of its second slice) exchanges in one group across its slices, as their hosts
+do over DCN: every node also names the first slice (:data:`HOSTS_SLICE_ENV`), whose host 0
+listens, and the slices are named ``NAME-0``, ``NAME-1``, ... in the order ``tpu_backend``
+numbers them.
 
 The driver activates the simulator in the job's workers with the job's ``runtime_env``:
 ``ray.init(address=..., runtime_env=SIMULATION_RUNTIME_ENV)``, or, for a driver that must stay
@@ -39,19 +43,27 @@ from typing import Any
 
 import yaml  # type: ignore[import-untyped]  # Ray's own dependency; no stubs here
 
-from tpu_backend.topology import DEFAULT_ACCELERATOR, SliceSpec, parse_slice
+from tpu_backend.topology import (
+    DEFAULT_ACCELERATOR,
+    SliceSpec,
+    check_slice_index,
+    parse_slice,
+)
 from xlasim.arguments import (
     OneLineErrorParser,
     fail,
     positive_float,
+    positive_int,
     reject_dash_topologies,
 )
 from xlasim.ray.cluster import (
     DEFAULT_OBJECT_STORE_BYTES,
     HOSTS_PORT_ENV,
+    HOSTS_SLICE_ENV,
     SIMULATION_RUNTIME_ENV,
     host_node_args,
     machine_load,
+    slice_names,
 )
 
 __all__ = [
@@ -150,16 +162,21 @@ def node_plans(
     address: str,
     slice_name: str,
     hosts_port: int,
+    hosts_slice: str | None = None,
     num_cpus: float = 1,
     object_store_memory: int = DEFAULT_OBJECT_STORE_BYTES,
     ray_start_args: Sequence[str] = (),
 ) -> list[NodePlan]:
-    """The ``ray start`` of every host in ``hosts``; the node rules are ``host_node_args``'s."""
+    """The ``ray start`` of every host in ``hosts``; the node rules are ``host_node_args``'s.
+
+    ``hosts_slice`` names the slice whose host 0 listens on ``hosts_port`` when that is not
+    ``slice_name`` itself (the first slice of a multislice job)."""
+    exchange = {HOSTS_PORT_ENV: str(hosts_port)}
+    if hosts_slice is not None and hosts_slice != slice_name:
+        exchange[HOSTS_SLICE_ENV] = hosts_slice
     plans = []
     for i, h in enumerate(hosts):
-        args = host_node_args(
-            spec, h, slice_name, num_cpus=num_cpus, extra_env={HOSTS_PORT_ENV: str(hosts_port)}
-        )
+        args = host_node_args(spec, h, slice_name, num_cpus=num_cpus, extra_env=exchange)
         argv = [
             sys.executable,
             "-m",
@@ -246,7 +263,8 @@ def kuberay_worker_groups(
     header = (
         f"# KubeRay {KUBERAY_VERSION} (RayCluster ray.io/v1): add these groups to "
         f"spec.workerGroupSpecs; every pod needs the\n# port {plans[0].env[HOSTS_PORT_ENV]} "
-        f"open to the other pods of the slice (simulated host 0 listens on it).\n"
+        f"open to the other pods of the job (simulated host 0 of its first slice listens "
+        f"on it).\n"
     )
     return header + yaml.safe_dump({"workerGroupSpecs": groups}, sort_keys=False)
 
@@ -466,14 +484,26 @@ def _parser() -> argparse.ArgumentParser:
         "--slice-name",
         default=None,
         help="the slice's TPU_NAME, the same on every machine of the slice and different per "
-        "slice (default xlasim-POD_TYPE)",
+        "slice (default xlasim-POD_TYPE); with --num-slices, the job's name: slice I is NAME-I",
+    )
+    parser.add_argument(
+        "--num-slices",
+        type=positive_int,
+        default=1,
+        help="slices of the topology in the multislice job these hosts belong to (default 1)",
+    )
+    parser.add_argument(
+        "--slice-index",
+        type=int,
+        default=None,
+        help="the slice of the job these hosts are in (required with --num-slices above 1)",
     )
     parser.add_argument(
         "--hosts-port",
         type=_port,
         default=None,
-        help="port simulated host 0 listens on for the hosts' data exchange, the same on every "
-        "machine of the slice (default: derived from the slice name)",
+        help="port simulated host 0 (of the first slice) listens on for the hosts' data "
+        "exchange, the same on every machine of the job (default: derived from its name)",
     )
     parser.add_argument(
         "--num-cpus-per-host",
@@ -543,19 +573,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         hosts = parse_hosts(args.hosts, spec) if args.hosts else list(range(spec.num_hosts))
     except ValueError as exc:
         fail(_PROG, str(exc))
+    slice_index = _slice_index(args.num_slices, args.slice_index)
     if not args.kuberay and not args.address:
         fail(_PROG, "--address HEAD_IP:PORT of the Ray cluster to join is required")
     _check_ray_start_args(ray_args)
     if not args.kuberay:
         _check_reachable(args.address)
-    slice_name = args.slice_name or default_slice_name(spec)
-    port = args.hosts_port or default_hosts_port(slice_name)
+    names = slice_names(args.slice_name or default_slice_name(spec), args.num_slices)
+    slice_name = names[slice_index]
+    # Every slice's hosts exchange in one group, at the first slice's host 0.
+    port = args.hosts_port or default_hosts_port(names[0])
     plans = node_plans(
         spec,
         hosts,
         address=args.address or "",
         slice_name=slice_name,
         hosts_port=port,
+        hosts_slice=names[0],
         num_cpus=args.num_cpus_per_host,
         ray_start_args=ray_args,
     )
@@ -563,7 +597,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(kuberay_worker_groups(plans, slice_name=slice_name, image=args.image))
         return 0
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="xlasim-ray-node-"))
-    return _serve(plans, spec, slice_name, args.address, log_dir, args.startup_timeout_s)
+    where = slice_name if args.num_slices == 1 else f"{slice_name}, {slice_index} of {len(names)}"
+    return _serve(plans, spec, where, args.address, log_dir, args.startup_timeout_s)
+
+
+def _slice_index(num_slices: int, slice_index: int | None) -> int:
+    """This machine's slice of the job: the one ``--slice-index`` names (any machine hosts
+    hosts of one slice), 0 for a one-slice job."""
+    if slice_index is None:
+        if num_slices > 1:
+            fail(
+                _PROG,
+                f"--slice-index is required with --num-slices {num_slices}: the slice (0-"
+                f"{num_slices - 1}) whose hosts this machine starts",
+            )
+        return 0
+    try:
+        return check_slice_index(slice_index, num_slices)
+    except ValueError as exc:
+        fail(_PROG, f"--slice-index: {exc}")
 
 
 def _serve(
