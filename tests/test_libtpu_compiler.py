@@ -44,6 +44,45 @@ def test_topology_devices_follow_simulated_device_ids(topology, accelerator):
     assert [(tuple(d.coords), d.core_on_chip) for d in devices] == expected
 
 
+def test_a_multislice_topology_is_libtpus_own_slice_by_slice():
+    # jax's get_topology_desc(..., num_slices=2) lays out both slices, each device carrying its
+    # slice_index; the simulator numbers a multislice job's devices slice by slice
+    spec = parse_slice("2x2x1", "v4")
+    devices = lc.topology_devices(spec, 2)
+    expected = [(s, tuple(a["coords"])) for s in (0, 1) for a in device_attributes(spec)]
+    assert [(d.slice_index, tuple(d.coords)) for d in devices] == expected
+
+
+def test_a_data_parallel_step_across_two_slices_compiles_with_a_slice_of_the_batch_each():
+    batch, d, h = 64, 128, 256
+    with xlasim.simulate(
+        "2x2x1", "v4", num_slices=2, single_process=True, compiler="libtpu", dry_run=True
+    ):
+        import torch_xla
+        import torch_xla.distributed.spmd as xs
+        import torch_xla.runtime as xr
+
+        xr.use_spmd()
+        mesh = xs.HybridMesh(
+            ici_mesh_shape=(1, 4), dcn_mesh_shape=(2, 1), axis_names=("data", "model")
+        )
+        dev = torch_xla.device()
+        x = torch.randn(batch, d).to(dev)
+        w = torch.randn(d, h).to(dev)
+        xs.mark_sharding(x, mesh, ("data", None))
+        xs.mark_sharding(w, mesh, (None, "model"))
+        loss = (x @ w).square().sum()
+        torch_xla.sync()
+        (figures,) = xlasim.compiled_graphs()
+    f32 = 4
+    # per device: half the batch (one slice's), a quarter of the weight's columns
+    assert figures.argument_bytes == batch // 2 * d * f32 + d * h // 4 * f32
+    # one matmul's share per device, plus the squares and the sums
+    share = 2 * (batch // 2) * d * (h // 4)
+    assert share <= figures.flops <= 1.2 * share
+    assert loss.shape == ()
+
+
 def test_sharding_round_trips_through_gspmd():
     spec = parse_slice("4x4", "v5e")
     devices = lc.topology_devices(spec)

@@ -263,11 +263,6 @@ class simulate:  # noqa: N801 - used like a function: `with xlasim.simulate(...)
         self.spmd = spmd
         self.single_process = single_process
         self.compiler = resolve_compiler(compiler)
-        if self.compiler is not None and num_slices > 1:
-            raise NotImplementedError(
-                f"xlasim compiles with compiler={self.compiler!r} for one slice; a multislice "
-                f"job (num_slices={num_slices}) is not simulated with the real compiler"
-            )
         self.dry_run = resolve_dry_run(dry_run)
         self._runtimes: list[Any] = []
         self.thread: threading.Thread | None = threading.current_thread()

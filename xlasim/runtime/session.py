@@ -174,7 +174,7 @@ def enter(
         # asking for the compiler may load.
         from xlasim.runtime.compiler.libtpu import LibtpuCompiler
 
-        runtime.graphs.compiler = LibtpuCompiler(spec)
+        runtime.graphs.compiler = LibtpuCompiler(spec, num_slices)
     runtime.save_env()
     outer = state.outermost()
     if outer is not None:

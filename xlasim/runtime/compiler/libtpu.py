@@ -109,7 +109,7 @@ aten = torch.ops.aten
 # -- topology ----------------------------------------------------------------------------------
 # libtpu's topology names per generation, and the options that make one device per chip where
 # torch_xla has one (v4 is megacore in torch_xla; libtpu lists its two cores unless asked).
-_TOPOLOGY_NAMES = {
+_TOPOLOGY_NAMES: dict[str, tuple[str, dict[str, Any]]] = {
     "v2": ("v2", {}),
     "v3": ("v3", {}),
     "v4": ("v4", {"chip_config_name": "megacore"}),
@@ -119,7 +119,7 @@ _TOPOLOGY_NAMES = {
     "v7x": ("tpu7x", {}),
 }
 
-_topologies: dict[tuple[str, tuple[int, ...]], list[Any]] = {}
+_topologies: dict[tuple[str, tuple[int, ...], int], list[Any]] = {}
 
 # Peak dense bf16 FLOP/s and HBM bytes/s of one chip, from the Google Cloud TPU pages' "key
 # specifications" tables: v2 45 TFLOPS, 600 GBps (/tpu/docs/v2); v3 123 TFLOPS, 900 GBps (/v3);
@@ -137,26 +137,32 @@ _CHIP_PEAKS = {
 }
 
 
-def topology_devices(spec: SliceSpec) -> list[Any]:
-    """libtpu's devices for ``spec``, in the simulator's device-id order."""
-    key = (spec.accelerator, spec.dims)
+def topology_devices(spec: SliceSpec, num_slices: int = 1) -> list[Any]:
+    """libtpu's devices for ``num_slices`` slices of ``spec``, in the simulator's device-id
+    order (slice by slice, as torch_xla numbers a multislice job's devices)."""
+    key = (spec.accelerator, spec.dims, num_slices)
     cached = _topologies.get(key)
     if cached is not None:
         return cached
     name, options = _TOPOLOGY_NAMES[spec.accelerator]
     shape = "x".join(str(d) for d in spec.dims)
+    if num_slices > 1:
+        # libtpu lays out a multislice topology itself: each device carries its slice_index.
+        options = {**options, "num_slices": num_slices}
     with _libtpu_load_env(LOG_DIR):
         devices = topologies.get_topology_desc(f"{name}:{shape}", "tpu", **options).devices
-    by_place = {(tuple(d.coords), d.core_on_chip): d for d in devices}
+    by_place = {(getattr(d, "slice_index", 0), tuple(d.coords), d.core_on_chip): d for d in devices}
     ordered = []
-    for attrs in device_attributes(spec):
-        place = (tuple(attrs["coords"]), attrs["core_on_chip"])
-        if place not in by_place or len(devices) != spec.num_devices:
-            raise NotImplementedError(
-                f"libtpu's {name}:{shape} topology ({len(devices)} devices) does not match the "
-                f"simulated slice ({spec.num_devices} devices): no device at {place}"
-            )
-        ordered.append(by_place[place])
+    for slice_index in range(num_slices):
+        for attrs in device_attributes(spec):
+            place = (slice_index, tuple(attrs["coords"]), attrs["core_on_chip"])
+            if place not in by_place or len(devices) != spec.num_devices * num_slices:
+                raise NotImplementedError(
+                    f"libtpu's {name}:{shape} topology x {num_slices} slice(s) ({len(devices)} "
+                    f"devices) does not match the simulated job ({spec.num_devices} devices per "
+                    f"slice): no device at (slice, coords, core) {place}"
+                )
+            ordered.append(by_place[place])
     _topologies[key] = ordered
     return ordered
 
@@ -569,13 +575,15 @@ def _gib(num_bytes: float) -> str:
 
 # -- compiling -----------------------------------------------------------------------------------
 class LibtpuCompiler:
-    """Compiles the simulator's graphs for one slice; results are cached by graph hash."""
+    """Compiles the simulator's graphs for one slice, or for ``num_slices`` of them joined over
+    DCN (libtpu plans the collectives that cross slices); results are cached by graph hash."""
 
-    def __init__(self, spec: SliceSpec) -> None:
+    def __init__(self, spec: SliceSpec, num_slices: int = 1) -> None:
         if spec.accelerator not in _TOPOLOGY_NAMES:
             raise NotImplementedError(f"libtpu has no topology for {spec.accelerator}")
         self.spec = spec
-        self.devices = topology_devices(spec)
+        self.num_slices = num_slices
+        self.devices = topology_devices(spec, num_slices)
         per_chip = spec.devices_per_chip
         flops, bandwidth = _CHIP_PEAKS[spec.accelerator]
         self.hbm_bytes = spec.hbm_bytes_per_chip // per_chip
@@ -585,6 +593,10 @@ class LibtpuCompiler:
         self.compiled: dict[int, CompiledGraph] = {}
         self._progress = bool(os.environ.get(REPORT_ENV))
 
+    @property
+    def _slices(self) -> str:
+        return f"{self.num_slices} x " if self.num_slices > 1 else ""
+
     def compile_graph(self, tensors: list[Any], key: int, site: str) -> CompiledGraph:
         """Compile the graph materializing ``tensors`` (what a sync of them compiles)."""
         cached = self.compiled.get(key)
@@ -593,8 +605,8 @@ class LibtpuCompiler:
         if self._progress:
             print(
                 f"xlasim: compiling graph {key & 0xFFFFFFFF:08x} ({site}) with libtpu for "
-                f"{self.spec.accelerator} {self.spec.topology} ({self.spec.num_devices} "
-                "devices); large slices take minutes",
+                f"{self._slices}{self.spec.accelerator} {self.spec.topology} "
+                f"({len(self.devices)} devices); large slices take minutes",
                 file=sys.stderr,
                 flush=True,
             )
@@ -684,7 +696,8 @@ class LibtpuCompiler:
         lines = [
             message,
             f"xlasim: graph {key & 0xFFFFFFFF:08x} cut at {site or '<unknown>'} does not fit "
-            f"{self.spec.accelerator} {self.spec.topology} ({_gib(self.hbm_bytes)} of HBM per "
+            f"{self._slices}{self.spec.accelerator} {self.spec.topology} ({_gib(self.hbm_bytes)} "
+            "of HBM per "
             "device); libtpu's figures per device:",
         ]
         # libtpu's fast out-of-memory exit names no buffer; compiling again without stopping
