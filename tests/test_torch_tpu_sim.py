@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -354,6 +355,41 @@ def test_torch_compile_uses_the_tpu_backend_for_tpu_inputs(tpu: Any) -> None:
     assert "tpu" in torch._dynamo.list_backends()
     with pytest.raises(Exception, match=r"torch\.compile\(\.\.\., backend='inductor'\) on TPU"):
         torch.compile(model, backend="inductor")(x)
+    torch._dynamo.reset()
+
+
+def test_torch_compile_recompilations_are_reported(tpu: Any) -> None:
+    # TorchTPU compiles with dynamic=False (its loader), so under dynamo's own rules a new
+    # input shape at the same call is a new graph; the same shape again reuses the first.
+    torch._dynamo.reset()
+    model = torch.nn.Linear(8, 8).to("tpu")
+    compiled = torch.compile(model)
+
+    def step(rows: int) -> torch.Tensor:
+        return compiled(torch.randn(rows, 8, device="tpu"))  # the call site
+
+    xlasim.clear_recompilations()
+    with xlasim.assert_no_recompilation(allowed=1) as watch:
+        for rows in (4, 4, 3):
+            out = step(rows)
+    assert out.shape == (3, 8)
+    (report,) = watch.reports
+    call_line = next(
+        i
+        for i, line in enumerate(Path(__file__).read_text().splitlines(), 1)
+        if line.endswith("# the call site")
+    )
+    assert (report.filename, report.lineno) == (__file__, call_line)
+    assert report.function == "step"
+    changes = [(c.before.shape, c.after.shape) for c in report.changed_inputs if c.before]
+    assert ((4, 8), (3, 8)) in changes, report.reasons
+    text = xlasim.recompilation_report()
+    assert text.startswith("1 recompilation(s) at 1 site(s), 2 graph(s) compiled in all:"), text
+    with (
+        pytest.raises(xlasim.RecompilationError, match="expected no recompilation, got 1"),
+        xlasim.assert_no_recompilation(),
+    ):
+        step(2)
     torch._dynamo.reset()
 
 

@@ -208,7 +208,8 @@ def _format(reports: list[RecompilationReport], compiles: int | None) -> str:
 def recompilation_report() -> str:
     """A readable account of every recompilation so far (``'no recompilations ...'`` if none)."""
     rt = state.current()
-    return _format(recompilations(), rt.metrics.counter_value("UncachedCompile") or 0)
+    compiles = (rt.metrics.counter_value("UncachedCompile") or 0) + rt.graphs.backend_compiles
+    return _format(recompilations(), compiles)
 
 
 class RecompilationError(AssertionError):

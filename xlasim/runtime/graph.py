@@ -332,6 +332,9 @@ class GraphCache:
         self._capacity: int | None = None
         self.last_at_site: dict[str, GraphRecord] = {}
         self.recompilations: list[Recompilation] = []
+        # Graphs compiled by ``torch.compile``'s TorchTPU backend (torch_xla's counters do not
+        # see them): the recompilation report counts them beside UncachedCompile.
+        self.backend_compiles = 0
         # Tensors that got a pending node; dead references are dropped at the next sync.
         self.pending: list[weakref.ReferenceType[Any]] = []
         # Under SPMD, data moved from the host that an op used since the last step barrier.
@@ -394,6 +397,17 @@ class GraphCache:
     def _entry(path: str, key: int) -> str:
         # torch_xla names an entry by its graph hash written as a decimal number.
         return os.path.join(path, str(key & (2**64 - 1)))
+
+    def note_backend_compile(self, record: GraphRecord) -> None:
+        """A graph ``torch.compile`` handed to a backend of ours (TorchTPU's ``"tpu"``): a
+        recompilation where its site had compiled a different graph before."""
+        self.backend_compiles += 1
+        previous = self.last_at_site.get(record.site)
+        if previous is not None and previous.key != record.key:
+            self.recompilations.append(
+                Recompilation(record.site, previous, record, _diff(previous, record))
+            )
+        self.last_at_site[record.site] = record
 
     def _store(self, record: GraphRecord) -> None:
         if self._capacity is None:

@@ -3,7 +3,10 @@
 TorchTPU lowers a TorchDynamo graph to StableHLO and compiles it for the TPU; the simulator
 runs the graph's ATen ops eagerly on the ``tpu`` device instead (AOTAutograd, no code
 generation), so a compiled program computes what it computes eagerly. Which backend a
-``torch.compile`` call gets, and Inductor's refusal of tpu inputs, are TorchTPU's.
+``torch.compile`` call gets, and Inductor's refusal of tpu inputs, are TorchTPU's. Every graph
+the backend gets is a compile on a TPU, so each is also recorded for the simulator's
+recompilation report: a call site that compiles a second, different graph (a new input shape
+under ``dynamic=False``, a new dtype) is a recompilation, with what changed.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ import torch
 from torch._dynamo.backends import registry
 from torch.utils import _pytree as pytree
 
-from xlasim.runtime import tpu_device
+from xlasim.runtime import state, tpu_device
+from xlasim.runtime.graph import GraphRecord, InputInfo, user_site
 
 BACKEND: Final[str] = "tpu"
 
@@ -33,7 +37,22 @@ INDUCTOR_TPU_ERROR: Final[str] = (
 
 def tpu_backend(graph_module: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Any:
     """The ``"tpu"`` backend: the graph's ATen ops, run eagerly on the simulated device."""
+    runtime = state.active()
+    if runtime is not None:
+        runtime.graphs.note_backend_compile(_graph_record(graph_module, example_inputs))
     return registry.lookup_backend("aot_eager")(graph_module, example_inputs, **kwargs)
+
+
+def _graph_record(graph_module: torch.fx.GraphModule, example_inputs: Any) -> GraphRecord:
+    """What the graph is keyed on: its code and its tensor inputs' shapes and dtypes, at the
+    user's line that called the compiled function."""
+    flat, _ = pytree.tree_flatten(example_inputs)
+    inputs = tuple(InputInfo(tuple(x.shape), x.dtype) for x in flat if isinstance(x, torch.Tensor))
+    nodes = graph_module.graph.nodes
+    ops = tuple(str(n.target) for n in nodes if n.op in ("call_function", "call_method"))
+    outputs = sum(len(pytree.tree_leaves(n.args)) for n in nodes if n.op == "output")
+    key = hash((graph_module.code, inputs))
+    return GraphRecord(key, user_site(), ops, inputs, outputs)
 
 
 def has_tpu_inputs(example_inputs: Any) -> bool:
