@@ -393,6 +393,32 @@ def test_torch_compile_recompilations_are_reported(tpu: Any) -> None:
     torch._dynamo.reset()
 
 
+def test_autocast_on_tpu_runs_matmuls_in_bfloat16_and_softmax_in_float32(tpu: Any) -> None:
+    # The default dtype is TorchTPU's (its device module's _autocast_dtype, bfloat16); the
+    # policy is the TPU one torch_xla 2.9 registers (TorchTPU's own list is in its C++ library).
+    assert torch.get_autocast_dtype("tpu") == torch.bfloat16
+    a, b = torch.randn(8, 8), torch.randn(8, 8)
+    ta, tb = a.to("tpu"), b.to("tpu")
+    linear = torch.nn.Linear(8, 8).to("tpu")
+    with torch.autocast("tpu"):
+        product = ta @ tb
+        soft = torch.softmax(product, -1)
+        total = ta + tb
+        out = linear(ta)
+    assert (product.dtype, soft.dtype, total.dtype, out.dtype) == (
+        torch.bfloat16,
+        torch.float32,
+        torch.float32,
+        torch.bfloat16,
+    )
+    # the product is the bfloat16 matmul's, as autocast on eager CPU computes it
+    torch.testing.assert_close(product.cpu(), a.bfloat16() @ b.bfloat16())
+    out.float().sum().backward()
+    assert linear.weight.grad is not None and linear.weight.grad.dtype == torch.float32
+    # outside the block, float32 again
+    assert (ta @ tb).dtype == torch.float32
+
+
 def test_what_is_not_simulated_says_so(tpu: Any) -> None:
     with pytest.raises(NotImplementedError, match=r"torch\.tpu\.set_eager_mode is not simulated"):
         torch.tpu.set_eager_mode(None)

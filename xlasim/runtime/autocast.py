@@ -1,13 +1,17 @@
-"""Autocast on the ``xla`` device: torch_xla 2.9's cast policy on torch's own autocast kernels.
+"""Autocast on the simulated devices: torch_xla 2.9's cast policy on torch's own autocast kernels.
 
 Stock torch has the ``AutocastXLA`` dispatch key but no kernel for it, so ``torch.autocast('xla')``
 fails with a raw dispatcher error until torch_xla registers its policy (at ``import torch_xla``).
 The simulator registers the same policy while a simulation is active, through torch's C++
 autocast wrappers (``ATen/autocast_mode.h``): casting rules, which arguments are eligible
-(floating point, on the ``xla`` device, not float64) and the cast cache of leaf weights are then
+(floating point, on the device, not float64) and the cast cache of leaf weights are then
 torch's own, exactly as with torch_xla. The kernels live in the device extension
 (:mod:`xlasim.runtime.device`) and are added and removed with a dynamically created
 ``torch::Library``, so a process that leaves the simulation has stock torch again.
+
+TorchTPU's ``tpu`` device (PyTorch's PrivateUse1, ``AutocastPrivateUse1``) gets the same policy
+when a simulated ``torch_tpu`` loads: TorchTPU's own op lists live in its C++ library, not in
+its Python sources, so the simulator applies the TPU policy it knows, torch_xla's.
 
 The tables list the ``aten`` overloads torch_xla 2.9 registers for each policy.
 """
@@ -108,53 +112,76 @@ def _present(overload: str) -> bool:
     return packet is not None and (not variant or variant in packet.overloads())
 
 
+# (name in the extension's ops, torch's DeviceType, the autocast dispatch key) per device.
+_DEVICES = {
+    "xla": ("XLA", "AutocastXLA"),
+    "tpu": ("PrivateUse1", "AutocastPrivateUse1"),
+}
+
+
 def cpp_source() -> str:
-    """C++ for ``xlasim::autocast_install()`` / ``autocast_uninstall()`` (ops of the extension)."""
-    registrations = []
-    for policy, overloads in POLICIES.items():
-        for overload in overloads:
-            if _present(overload):
-                args = ", ".join(overload.split("."))
-                registrations.append(f"  KERNEL(c10::DeviceType::XLA, {args}, {policy})")
-    body = "\n".join(registrations)
+    """C++ for ``xlasim::autocast_install_DEVICE()`` and ``autocast_uninstall()`` (ops of the
+    extension)."""
+    overloads = [
+        (policy, ", ".join(overload.split(".")))
+        for policy, names in POLICIES.items()
+        for overload in names
+        if _present(overload)
+    ]
+    installs = []
+    defs = []
+    for device, (device_type, key) in _DEVICES.items():
+        body = "\n".join(
+            f"  KERNEL(c10::DeviceType::{device_type}, {args}, {policy})"
+            for policy, args in overloads
+        )
+        installs.append(f"""
+void autocast_install_{device}() {{
+  auto& slot = autocast_libraries[c10::DispatchKey::{key}];
+  if (slot.first) return;
+  // Ops outside the policy pass through the key untouched.
+  slot.second = std::make_unique<torch::Library>(
+      torch::Library::IMPL, "_", c10::DispatchKey::{key}, __FILE__, __LINE__);
+  slot.second->fallback(torch::CppFunction::makeFallthrough());
+  slot.first = std::make_unique<torch::Library>(
+      torch::Library::IMPL, "aten", c10::DispatchKey::{key}, __FILE__, __LINE__);
+  auto& m = *slot.first;
+{body}
+}}""")
+        defs.append(f'  m.def("autocast_install_{device}() -> ()", autocast_install_{device});')
     return f"""
 #include <ATen/Operators.h>
 #include <ATen/autocast_mode.h>
+#include <map>
 #include <memory>
+#include <utility>
 
 namespace {{
-std::unique_ptr<torch::Library> autocast_rules;
-std::unique_ptr<torch::Library> autocast_others;
-
-void autocast_install() {{
-  if (autocast_rules) return;
-  // Ops outside the policy pass through the key untouched.
-  autocast_others = std::make_unique<torch::Library>(
-      torch::Library::IMPL, "_", c10::DispatchKey::AutocastXLA, __FILE__, __LINE__);
-  autocast_others->fallback(torch::CppFunction::makeFallthrough());
-  autocast_rules = std::make_unique<torch::Library>(
-      torch::Library::IMPL, "aten", c10::DispatchKey::AutocastXLA, __FILE__, __LINE__);
-  auto& m = *autocast_rules;
-{body}
-}}
+// Per autocast key: (the policy's kernels, the fallthrough for every other op).
+std::map<c10::DispatchKey,
+         std::pair<std::unique_ptr<torch::Library>, std::unique_ptr<torch::Library>>>
+    autocast_libraries;
+{"".join(installs)}
 
 void autocast_uninstall() {{
-  autocast_rules.reset();
-  autocast_others.reset();
+  autocast_libraries.clear();
 }}
 }}  // namespace
 
 TORCH_LIBRARY_FRAGMENT(xlasim, m) {{
-  m.def("autocast_install() -> ()", autocast_install);
+{chr(10).join(defs)}
   m.def("autocast_uninstall() -> ()", autocast_uninstall);
 }}
 """
 
 
-def install() -> None:
-    """Registers the policy for the ``AutocastXLA`` key (idempotent)."""
-    torch.ops.xlasim.autocast_install()
+def install(device: str = "xla") -> None:
+    """Registers the policy for ``device``'s autocast key (idempotent)."""
+    if device not in _DEVICES:
+        raise ValueError(f"no autocast policy for device {device!r}: valid {sorted(_DEVICES)}")
+    getattr(torch.ops.xlasim, f"autocast_install_{device}")()
 
 
 def uninstall() -> None:
+    """Removes the policy of every device."""
     torch.ops.xlasim.autocast_uninstall()

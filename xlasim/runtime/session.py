@@ -47,6 +47,10 @@ def attach_tpu(runtime: state.SimRuntime) -> None:
     global _tpu_attached
     spec = runtime.spec
     tpu_device.attach(spec.hbm_bytes_per_chip // spec.devices_per_chip, runtime.memory.enforcing())
+    autocast.install("tpu")
+    # TorchTPU's autocast dtype is bfloat16 (its device module's default); torch's default for
+    # PrivateUse1 is float16. Set for the thread that loads it, as torch keeps it per thread.
+    torch.set_autocast_dtype("tpu", torch.bfloat16)
     _tpu_attached = True
     _check_autograd_at_start(runtime)
 
