@@ -419,6 +419,21 @@ def test_autocast_on_tpu_runs_matmuls_in_bfloat16_and_softmax_in_float32(tpu: An
     assert (ta @ tb).dtype == torch.float32
 
 
+def test_tpu_tensors_count_on_the_chip_the_process_drives(
+    tpu: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One chip per process (TorchTPU binds one); a 1 MiB tensor is on it, in chip_memory()
+    before = [row["bytes"] for row in xlasim.chip_memory()]
+    x = torch.zeros(1024, 256, device="tpu")
+    after = [row["bytes"] for row in xlasim.chip_memory()]
+    assert [b - a for a, b in zip(before, after, strict=True)] == [2**20, 0, 0, 0]
+    monkeypatch.setenv("TPU_VISIBLE_CHIPS", "2")  # Ray's one chip for a worker
+    moved = [row["bytes"] - b for row, b in zip(xlasim.chip_memory(), before, strict=True)]
+    assert moved == [0, 0, 2**20, 0]
+    del x
+    assert [row["bytes"] for row in xlasim.chip_memory()] == before
+
+
 def test_what_is_not_simulated_says_so(tpu: Any) -> None:
     with pytest.raises(NotImplementedError, match=r"torch\.tpu\.set_eager_mode is not simulated"):
         torch.tpu.set_eager_mode(None)

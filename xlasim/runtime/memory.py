@@ -127,6 +127,11 @@ def report(rt: SimRuntime) -> list[dict[str, Any]]:
     used = rt.memory.chip_bytes()
     pending = _per_chip(spec, _pending_device_bytes(rt), rt.num_slices)
     rows: list[dict[str, Any]] = []
+    if tpu_device.device_count():
+        # TorchTPU's one device of this process is its bound chip: its tensors count there
+        # (other processes' chips hold theirs, out of this process's sight).
+        chip = rt.slice_index * spec.num_chips + rt.host_index * spec.chips_per_host
+        used[chip + tpu_device.bound_chip()] += tpu_device.allocated_bytes()
     for chip, nbytes in enumerate(used):
         first = attrs[chip * spec.devices_per_chip]
         row: dict[str, Any] = {"chip": chip}
@@ -174,7 +179,8 @@ def chip_memory() -> list[dict[str, Any]]:
     that are still referenced (e.g. activations autograd keeps for backward); XLA holds them
     in buffers from the next sync if they are still alive then.  Also ``chip``, ``coords``,
     ``hbm_bytes`` (the chip's capacity) and ``fraction`` (``bytes / hbm_bytes``).  XLA's
-    temporaries, program memory and fragmentation are not counted.
+    temporaries, program memory and fragmentation are not counted.  Where a simulated
+    ``torch_tpu`` is loaded, the process's ``tpu`` tensors count on the chip it drives.
     """
     return report(state.current())
 

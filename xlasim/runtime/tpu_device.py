@@ -13,6 +13,7 @@ counts no devices, so a ``tpu`` tensor can neither be made nor used there.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -63,6 +64,48 @@ def detach() -> None:
     """Leaves the ``tpu`` device without devices (the simulation has ended)."""
     if _named:
         torch.ops.xlasim.tpu_activate(0, 0)
+
+
+def bound_chip() -> int:
+    """The chip of this host that the process's one ``tpu`` device is.
+
+    Launchers that run one process per chip make only that chip visible to it through
+    ``TPU_VISIBLE_CHIPS`` (Ray, for a worker holding ``{"TPU": 1}``); where it names several,
+    the device is the first one visible. Without it, a process of a job that TorchTPU's
+    launch environment describes (``TORCH_TPU_SLICEBUILDER_ADDRESSES``, one address per
+    process) is the chip of its ``LOCAL_RANK``, which TorchTPU's runtime reads; any other
+    process sees every chip and its device is the first.
+    """
+    runtime = _state.active()
+    if runtime is None:
+        raise RuntimeError("no simulated TPU is attached: there is no chip to bind")
+    chips = runtime.spec.chips_per_host
+    visible = (os.environ.get("TPU_VISIBLE_CHIPS") or "").replace(" ", "")
+    if not visible:
+        if not os.environ.get("TORCH_TPU_SLICEBUILDER_ADDRESSES"):
+            return 0
+        local_rank = (os.environ.get("LOCAL_RANK") or "0").strip()
+        if not local_rank.isdigit() or int(local_rank) >= chips:
+            raise ValueError(
+                f"LOCAL_RANK={local_rank!r}: a host of {runtime.spec.pod_type} has chips "
+                f"0..{chips - 1}, one per local rank"
+            )
+        return int(local_rank)
+    first = visible.split(",")[0]
+    if not first.isdigit() or int(first) >= chips:
+        raise ValueError(
+            f"TPU_VISIBLE_CHIPS={visible!r}: a host of {runtime.spec.pod_type} has chips "
+            f"0..{chips - 1}"
+        )
+    return int(first)
+
+
+def allocated_bytes() -> int:
+    """Bytes of live ``tpu`` tensors in this process (the device allocator's count); 0 where
+    no simulated TorchTPU is loaded."""
+    if not _named or not device_count():
+        return 0
+    return int(torch.accelerator.memory_allocated(torch.device(DEVICE_TYPE, 0)))
 
 
 def device_count() -> int:

@@ -6,9 +6,8 @@ of its generation, with the HBM of the simulator's per-chip model.
 
 from __future__ import annotations
 
-import os
-
 from xlasim.runtime import state
+from xlasim.runtime.tpu_device import bound_chip as bound_chip  # the chip a process drives
 
 # TorchTPU's names for the generations it recognises; any other is plain "TPU".
 _NAMES = {
@@ -64,37 +63,3 @@ def get_hbm_bytes_per_device() -> int | None:
     if runtime is None or runtime.spec.accelerator not in _NAMES:
         return None
     return runtime.spec.hbm_bytes_per_chip // runtime.spec.devices_per_chip
-
-
-def bound_chip() -> int:
-    """The chip of this host that the process's one ``tpu`` device is.
-
-    Launchers that run one process per chip make only that chip visible to it through
-    ``TPU_VISIBLE_CHIPS`` (Ray, for a worker holding ``{"TPU": 1}``); where it names several,
-    the device is the first one visible. Without it, a process of a job that TorchTPU's
-    launch environment describes (``TORCH_TPU_SLICEBUILDER_ADDRESSES``, one address per
-    process) is the chip of its ``LOCAL_RANK``, which TorchTPU's runtime reads; any other
-    process sees every chip and its device is the first.
-    """
-    runtime = state.active()
-    if runtime is None:
-        raise RuntimeError("no simulated TPU is attached: there is no chip to bind")
-    chips = runtime.spec.chips_per_host
-    visible = (os.environ.get("TPU_VISIBLE_CHIPS") or "").replace(" ", "")
-    if not visible:
-        if not os.environ.get("TORCH_TPU_SLICEBUILDER_ADDRESSES"):
-            return 0
-        local_rank = (os.environ.get("LOCAL_RANK") or "0").strip()
-        if not local_rank.isdigit() or int(local_rank) >= chips:
-            raise ValueError(
-                f"LOCAL_RANK={local_rank!r}: a host of {runtime.spec.pod_type} has chips "
-                f"0..{chips - 1}, one per local rank"
-            )
-        return int(local_rank)
-    first = visible.split(",")[0]
-    if not first.isdigit() or int(first) >= chips:
-        raise ValueError(
-            f"TPU_VISIBLE_CHIPS={visible!r}: a host of {runtime.spec.pod_type} has chips "
-            f"0..{chips - 1}"
-        )
-    return int(first)
