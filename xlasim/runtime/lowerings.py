@@ -29,6 +29,7 @@ _OPT_IN = {"aten::nonzero": "nonzero", "aten::masked_select": "masked_select"}
 
 _COMPOSITE = "CompositeExplicitAutograd"
 _IMPLICIT = "CompositeImplicitAutograd"
+_NON_FUNCTIONAL = "CompositeExplicitAutogradNonFunctional"
 
 
 @cache
@@ -65,6 +66,17 @@ def _has_composite(qualified: str) -> bool:
     return torch._C._dispatch_has_kernel_for_dispatch_key(qualified, _COMPOSITE)
 
 
+def _copy_of_lowered_view(op: Any) -> bool:
+    """A ``<view>_copy`` op torch generates a kernel for (``lift_fresh_copy``): the kernel
+    calls the view op and clones its result, so it runs on XLA where the view is lowered."""
+    name = op._schema.name
+    return (
+        name.endswith("_copy")
+        and torch._C._dispatch_has_kernel_for_dispatch_key(_qualified(op), _NON_FUNCTIONAL)
+        and _with_name(op, name.removesuffix("_copy")) in _kernels()
+    )
+
+
 def fallback_name(op: Any) -> str | None:
     """The ``aten::`` counter torch_xla's CPU fallback counts for a call of ``op`` on xla
     tensors, or None when torch_xla lowers it (or composes it of ops it lowers). Worked out
@@ -83,6 +95,8 @@ def fallback_name(op: Any) -> str | None:
         return None
     if torch._C._dispatch_has_kernel_for_dispatch_key(_qualified(op), _IMPLICIT):
         return None  # decomposed before any backend sees it
+    if _copy_of_lowered_view(op):
+        return None
     if not _has_composite(_qualified(op)):
         return _qualified(op)
     # A composite kernel: it falls back only through an out= variant with a CPU kernel.

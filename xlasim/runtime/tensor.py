@@ -490,7 +490,8 @@ def _unwrap_other(
         _take(a, parts, inputs, wrappers, rt)
         return a._elem
     if type(a) is list or type(a) is tuple:
-        if a and isinstance(a[0], torch.Tensor):
+        # Any tensor, not only a first one: index's indices are None where a dim is kept.
+        if any(isinstance(x, torch.Tensor) for x in a):
             return type(a)(_unwrap_other(x, parts, inputs, wrappers, rt) for x in a)
         parts.append(_arg_key(a))
         return a

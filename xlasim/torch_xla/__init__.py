@@ -1,5 +1,8 @@
 """Simulated torch_xla (xlasim): imported as ``torch_xla`` inside a simulation."""
 
+import importlib
+from typing import Any
+
 import torch  # noqa: F401 - real torch_xla imports torch first as well
 
 from xlasim.runtime import dynamo_tensors
@@ -31,6 +34,17 @@ dynamo_tensors.install()
 # The simulated TPU host has libtpu; it is what picks PJRT_DEVICE=TPU when none is set.
 _found_libtpu = True
 runtime._maybe_select_default_device()
+
+# torch_xla exports these from torch_xla.stablehlo, which imports torch.export (and with it
+# dynamo): loaded on first use, so that importing torch_xla stays cheap.
+_STABLEHLO_NAMES = ("save_as_stablehlo", "save_torch_model_as_stablehlo")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _STABLEHLO_NAMES:
+        return getattr(importlib.import_module("torch_xla.stablehlo"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "__version__",

@@ -1,0 +1,51 @@
+"""An exported program's core-ATen FX graph as StableHLO (text and MLIR bytecode), lowered by
+jax: the graph's ops go through ``aten_to_jax`` and jax's own lowering writes the module.
+
+Part of the optional TPU-compiler layer (the ``tpu-compiler`` extra): importing it imports jax.
+Only the export path's text and bytecode need it; running an exported program does not.
+The module is jax's lowering of the same computation, not a copy of torch_xla's (value names,
+constant folding and the module's name differ); an op with no lowering raises
+``NotImplementedError`` naming it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import torch
+from jax._src.interpreters import mlir
+
+# libtpu.py sets jax up for compiling only (CPU platform, 64-bit integers kept); lowering needs
+# the same settings, so it is imported for them and for its FX-to-jax walk.
+from xlasim.runtime.compiler import aten_to_jax, libtpu
+
+
+@dataclass(frozen=True)
+class Lowered:
+    text: str
+    bytecode: bytes
+
+
+def lower_graph(
+    module: torch.fx.GraphModule,
+    fixed: dict[int, Any],
+    inputs: Sequence[tuple[Sequence[int], torch.dtype]],
+) -> Lowered:
+    """``module`` as a StableHLO function of ``inputs`` (shape, dtype), one per placeholder that
+    ``fixed`` (placeholder position -> Python value baked into the program) does not name."""
+    run_graph = libtpu.jax_function(module)
+    positions = sum(1 for n in module.graph.nodes if n.op == "placeholder")
+
+    def program(*arrays: Any) -> list[Any]:
+        given = iter(arrays)
+        values = [fixed[i] if i in fixed else next(given) for i in range(positions)]
+        return run_graph(*values)
+
+    avals = [
+        jax.ShapeDtypeStruct(tuple(shape), aten_to_jax.jax_dtype(dtype)) for shape, dtype in inputs
+    ]
+    lowered = jax.jit(program).lower(*avals)
+    return Lowered(lowered.as_text(), mlir.module_to_bytecode(lowered.compiler_ir("stablehlo")))

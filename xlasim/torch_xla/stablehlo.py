@@ -1,0 +1,619 @@
+"""``torch_xla.stablehlo``: a ``torch.export`` program as a callable "StableHLO" program.
+
+torch_xla traces the exported graph on the XLA device and keeps the traced StableHLO module;
+calling the result runs that module.  The simulator keeps the exported program's decomposed
+core-ATen graph instead and runs it on the simulated device (every op computes there, as any
+other device op does), so results, output devices and dtypes are torch_xla's.
+
+The StableHLO text and bytecode of a program come from jax's lowering of the same graph
+(``xlasim.runtime.compiler.stablehlo``), which needs the ``tpu-compiler`` extra; without it,
+asking for them raises ``NotImplementedError`` naming the extra.  They are made when first
+asked for, so exporting and running never need the extra.
+
+Differences from torch_xla, all in bookkeeping: the program's inputs are listed in the graph's
+placeholder order (torch_xla lists them in the order its trace first reads them), and every
+state the graph reads (parameters, buffers, lifted constants) is in the bundle's ``state_dict``
+(``additional_constants`` stays empty: nothing is traced, so no constant is made on the way).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import enum
+import importlib
+import importlib.util
+import json
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+import numpy as np
+import torch
+import torch_xla
+import torch_xla.core.xla_model as xm
+import torch_xla.debug.metrics as metrics
+from torch._decomp import core_aten_decompositions, get_decompositions
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind
+from torch.utils import _pytree as pytree
+
+from xlasim.runtime.settings import EXTRA, INSTALL
+
+# The simulator's own file next to torch_xla's in a saved program: the decomposed exported
+# program, which is what the simulator runs (torch_xla runs the ``.bytecode`` file).
+_PROGRAM_SUFFIX = ".xlasim.pt2"
+
+
+@dataclass
+class StableHLOExportOptions:
+    include_human_readable_text: bool = True
+    override_tracing_arguments: tuple[Any, ...] | None = None
+    override_tracing_kwargs: Mapping[str, Any] | None = None
+    save_weights: bool = True
+    # Every scalar constant inlined in the module (False: only 0 and 1; the rest are inputs).
+    inline_all_constant: bool = True
+    export_weights: bool = True
+    # Namespaces of ops exported as stablehlo.custom_call.
+    custom_ops_allowed_in_graph: set[str] = field(default_factory=set)
+    # Node metadata written as the module's locations.
+    export_node_metadata: bool = False
+
+
+class VariableType(enum.Enum):
+    INPUT_ARG = "input_arg"
+    PARAMETER = "parameter"
+    CONSTANT = "constant"
+
+
+@dataclass
+class VariableSignature:
+    shape: list[int]
+    dtype: str
+    dynamic_dims: list[int] = dataclasses.field(default_factory=list)
+
+
+@dataclass
+class InputLocation:
+    type_: VariableType
+    position: int = -1
+    name: str = ""
+
+    @classmethod
+    def parameter(cls, name: str) -> InputLocation:
+        return cls(type_=VariableType.PARAMETER, name=name)
+
+    @classmethod
+    def input_arg(cls, position: int) -> InputLocation:
+        return cls(type_=VariableType.INPUT_ARG, position=position)
+
+    @classmethod
+    def constant(cls, position: int) -> InputLocation:
+        return cls(type_=VariableType.CONSTANT, position=position)
+
+
+@dataclass
+class StableHLOFunctionMeta:
+    name: str
+    stablehlo_version: str
+    # One per input of the program, in its order; ``input_locations`` says where each comes
+    # from (a caller's argument, a state of the model, or a constant of the bundle).
+    input_signature: list[VariableSignature]
+    output_signature: list[VariableSignature]
+    input_locations: list[InputLocation]
+    unused_inputs: list[tuple[InputLocation, VariableSignature]]
+    input_pytree_spec: str | None = None
+    output_pytree_spec: str | None = None
+
+
+class StableHLOJSONSerializer(json.JSONEncoder):
+    def default(self, o: Any) -> Any:
+        if dataclasses.is_dataclass(o) and not isinstance(o, type):
+            return dataclasses.asdict(o)
+        if isinstance(o, VariableType):
+            return o.value
+        return super().default(o)
+
+
+_META_CLASSES: tuple[type, ...] = ()  # filled below, once StableHLOFunc exists
+
+
+def stablehlo_obj_hook(dct: dict[str, Any]) -> Any:
+    """``json.load``'s object hook for a saved ``.meta`` file: a dict whose keys are exactly a
+    meta dataclass's fields becomes that dataclass (other dicts come back as ``None``)."""
+    for cls in _META_CLASSES:
+        if {f.name for f in dataclasses.fields(cls)} == dct.keys():
+            return cls(**{k: _as_variable_type(v) for k, v in dct.items()})
+    return None
+
+
+def _as_variable_type(value: Any) -> Any:
+    try:
+        return VariableType(value)
+    except (ValueError, TypeError):
+        return value
+
+
+@dataclass
+class StableHLOFunc:
+    meta: StableHLOFunctionMeta
+    bytecode: bytes | None
+    text: str | None
+
+
+_META_CLASSES = (StableHLOFunctionMeta, StableHLOFunc, VariableSignature, InputLocation)
+
+
+@dataclass
+class StableHLOModelBundle:
+    # The model's states as numpy arrays, by name.
+    state_dict: dict[str, Any]
+    additional_constants: list[np.ndarray]
+    stablehlo_funcs: list[StableHLOFunc]
+
+
+@dataclass
+class _Program:
+    """What the simulator runs for one function: the decomposed exported program, and the
+    Python values export fixed for its non-tensor placeholders (placeholder position -> value);
+    ``module`` is its graph cut down to the outputs the caller gets."""
+
+    exported: ExportedProgram
+    fixed: dict[int, Any]
+    lower_text: bool
+    module: torch.fx.GraphModule = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.module = _returned_only(self.exported)
+
+
+def _returned_only(exported: ExportedProgram) -> torch.fx.GraphModule:
+    """The exported graph returning only the model's outputs: an exported program returns the
+    mutated buffers' new values first, which torch_xla's program drops (the buffers themselves
+    are not updated), and what only they need is not computed."""
+    graph = copy.deepcopy(exported.graph)
+    output = next(n for n in graph.nodes if n.op == "output")
+    mutated = len(exported.graph_signature.buffers_to_mutate)
+    output.args = (tuple(output.args[0])[mutated:],)
+    graph.eliminate_dead_code()
+    return torch.fx.GraphModule(exported.graph_module, graph)
+
+
+# -- running -------------------------------------------------------------------------------------
+class XLAExportInterpreter(torch.fx.Interpreter):
+    """Runs an exported graph's nodes on ``device``: ops that create tensors get the device, and
+    a Python float given where the op takes a tensor becomes a tensor of the default dtype (as
+    torch_xla does; the dispatcher would otherwise wrap it as a double)."""
+
+    def __init__(
+        self,
+        module: torch.fx.GraphModule,
+        device: torch.device,
+        custom_ops_allowed_in_graph: set[str] | None = None,
+        gm_serializer: Any = None,
+    ) -> None:
+        super().__init__(module)
+        self._device = device
+        self.custom_ops_allowed_in_graph = custom_ops_allowed_in_graph or set()
+        self.gm_serializer = gm_serializer
+        self.tensor_id_to_dynamic_dims: dict[int, list[int]] = {}
+
+    def call_function(self, target: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+        kwargs = dict(kwargs)
+        if "device" in kwargs:
+            kwargs["device"] = self._device
+        schema = getattr(target, "_schema", None)
+        if schema is not None:
+            args = tuple(
+                torch.tensor(a)
+                if isinstance(a, float) and isinstance(spec.type, torch.TensorType)
+                else a
+                for a, spec in zip(args, schema.arguments, strict=False)
+            )
+        return super().call_function(target, args, kwargs)
+
+
+def _on_device(value: Any, device: torch.device) -> Any:
+    if isinstance(value, np.ndarray):
+        value = torch.from_numpy(value)
+    if isinstance(value, torch.Tensor) and value.device != device:
+        return value.to(device)
+    return value
+
+
+def _trace(program: _Program, call_args: list[Any]) -> list[Any]:
+    """The program's outputs, pending on the device."""
+    device = torch_xla.device()
+    placeholders = sum(1 for n in program.module.graph.nodes if n.op == "placeholder")
+    given = iter(call_args)
+    values = [
+        program.fixed[i] if i in program.fixed else _on_device(next(given), device)
+        for i in range(placeholders)
+    ]
+    with torch.no_grad():
+        outputs = XLAExportInterpreter(program.module, device).run(
+            *values, enable_io_processing=False
+        )
+    return list(outputs)
+
+
+def _run(program: _Program, call_args: list[Any]) -> list[Any]:
+    outputs = _trace(program, call_args)
+    # One program, run to its results (torch_xla executes the module when called).
+    xm.unlazy([t for t in outputs if isinstance(t, torch.Tensor)])
+    return outputs
+
+
+def _extract_call_parameters(
+    args: Any, meta: StableHLOFunctionMeta, bundle: StableHLOModelBundle
+) -> list[Any]:
+    if meta.input_pytree_spec is not None:
+        args, _ = pytree.tree_flatten(args)
+    found = []
+    for location in meta.input_locations:
+        if location.type_ == VariableType.PARAMETER:
+            found.append(bundle.state_dict[location.name])
+        elif location.type_ == VariableType.CONSTANT:
+            found.append(bundle.additional_constants[location.position])
+        else:
+            found.append(args[location.position])
+    return found
+
+
+# -- the module ------------------------------------------------------------------------------
+class StableHLOGraphModule:
+    def __init__(self, bundle: StableHLOModelBundle) -> None:
+        self._bundle = bundle
+        self._name_to_stablehlo = {func.meta.name: func for func in bundle.stablehlo_funcs}
+        self._default_method = bundle.stablehlo_funcs[0].meta.name
+        # Filled by exported_program_to_stablehlo and load (the programs the simulator runs).
+        self._programs: dict[str, _Program] = {}
+
+    def evaluate(self, method_name: str, args: Any) -> Any:
+        func = self._name_to_stablehlo[method_name]
+        program = self._programs.get(method_name)
+        if program is None:
+            raise NotImplementedError(
+                f"xlasim: running StableHLO bytecode is not simulated; the function "
+                f"{method_name!r} has no exported program next to it (a directory saved by "
+                "torch_xla's save_as_stablehlo, not by the simulated one)"
+            )
+        call_args = _extract_call_parameters(args, func.meta, self._bundle)
+        outputs = _run(program, call_args)
+        if func.meta.output_pytree_spec is not None:
+            spec = pytree.treespec_loads(func.meta.output_pytree_spec)
+            return pytree.tree_unflatten(outputs, spec)
+        return outputs
+
+    def _lowered(self, method_name: str) -> StableHLOFunc:
+        func = self._name_to_stablehlo[method_name]
+        program = self._programs.get(method_name)
+        if func.bytecode is None and program is not None:
+            func.bytecode, text = _lower(program, func.meta)
+            if program.lower_text:
+                func.text = text
+        return func
+
+    def get_stablehlo_bytecode(self, method_name: str | None = None) -> bytes | None:
+        return self._lowered(method_name or self._default_method).bytecode
+
+    def get_stablehlo_text(self, method_name: str | None = None) -> str | None:
+        name = method_name or self._default_method
+        program = self._programs.get(name)
+        if program is not None and not program.lower_text:  # include_human_readable_text=False
+            return None
+        return self._lowered(name).text
+
+    def save(
+        self, directory_path: str | os.PathLike, options: StableHLOExportOptions | None = None
+    ) -> None:
+        for name in self._name_to_stablehlo:
+            self._lowered(name)
+        _save_program_bundle(self._bundle, directory_path, options)
+        functions = os.path.join(directory_path, "functions")
+        for name, program in self._programs.items():
+            torch.export.save(program.exported, os.path.join(functions, name + _PROGRAM_SUFFIX))
+            fixed = os.path.join(functions, name + _PROGRAM_SUFFIX + ".fixed")
+            with open(fixed, "w") as f:
+                json.dump({str(k): v for k, v in program.fixed.items()}, f)
+
+    @classmethod
+    def load(cls, directory_path: str | os.PathLike) -> StableHLOGraphModule:
+        module = cls(_load_program_bundle(directory_path))
+        functions = os.path.join(directory_path, "functions")
+        for func in module._bundle.stablehlo_funcs:
+            path = os.path.join(functions, func.meta.name + _PROGRAM_SUFFIX)
+            if os.path.exists(path):
+                with open(path + ".fixed") as f:
+                    fixed = {int(k): v for k, v in json.load(f).items()}
+                module._programs[func.meta.name] = _Program(
+                    torch.export.load(path), fixed, func.text is not None
+                )
+        return module
+
+    def __call__(self, *args: Any) -> Any:
+        return self.evaluate(self._default_method, args)
+
+
+def _lower(program: _Program, meta: StableHLOFunctionMeta) -> tuple[bytes, str]:
+    if importlib.util.find_spec("jax") is None:
+        raise NotImplementedError(
+            f"xlasim: StableHLO text and bytecode come from jax's lowering of the exported "
+            f"graph, which needs the {EXTRA} extra (jax is not installed): {INSTALL}"
+        )
+    dynamic = [s for s in meta.input_signature if s.dynamic_dims]
+    if dynamic:
+        raise NotImplementedError(
+            "xlasim: StableHLO of a program with dynamic input dimensions is not simulated"
+        )
+    # The compiler layer imports jax: only a program that asks for its StableHLO loads it.
+    lowering = importlib.import_module("xlasim.runtime.compiler.stablehlo")
+    inputs = [(s.shape, getattr(torch, s.dtype)) for s in meta.input_signature]
+    lowered = lowering.lower_graph(program.module, program.fixed, inputs)
+    return lowered.bytecode, lowered.text
+
+
+# -- export --------------------------------------------------------------------------------------
+# torch_xla decomposes exported programs with torch.export's defaults plus these.
+_extra_decompositions = get_decompositions([torch.ops.aten.grid_sampler_2d])
+
+
+def _run_decompositions(exported_model: ExportedProgram) -> ExportedProgram:
+    table = (
+        torch.export.default_decompositions()
+        if hasattr(torch.export, "default_decompositions")
+        else core_aten_decompositions()
+    )
+    table.update(_extra_decompositions)
+    table[torch.ops.aten._safe_softmax.default] = torch.softmax
+    return exported_model.run_decompositions(table)
+
+
+def _signature(value: Any) -> VariableSignature:
+    if isinstance(value, torch.Tensor):
+        dims = [i for i, d in enumerate(value.shape) if not isinstance(d, int)]
+        shape = [d if isinstance(d, int) else -1 for d in value.shape]
+        return VariableSignature(shape, str(value.dtype).removeprefix("torch."), dims)
+    return VariableSignature([], type(value).__name__)
+
+
+def _inputs_read(outputs: list[Any]) -> set[torch.fx.Node]:
+    """The placeholders the given output nodes depend on."""
+    seen: set[torch.fx.Node] = set()
+    stack = [o for o in outputs if isinstance(o, torch.fx.Node)]
+    while stack:
+        node = stack.pop()
+        if node not in seen:
+            seen.add(node)
+            stack.extend(node.all_input_nodes)
+    return {n for n in seen if n.op == "placeholder"}
+
+
+def _numpy(tensor: torch.Tensor) -> np.ndarray:
+    return tensor.detach().cpu().numpy()
+
+
+def _exported_program_to_stablehlo_bundle(
+    exported_model: ExportedProgram, options: StableHLOExportOptions | None
+) -> tuple[StableHLOModelBundle, _Program]:
+    exported_model = _run_decompositions(exported_model)
+    if options is None:
+        options = StableHLOExportOptions()
+    if options.custom_ops_allowed_in_graph:
+        raise NotImplementedError(
+            "xlasim: StableHLOExportOptions.custom_ops_allowed_in_graph (ops exported as "
+            "stablehlo.custom_call) is not simulated"
+        )
+    if options.export_node_metadata:
+        raise NotImplementedError(
+            "xlasim: StableHLOExportOptions.export_node_metadata is not simulated"
+        )
+    args, kwargs = exported_model.example_inputs
+    assert len(kwargs) == 0, "Export to stablehlo doesnt support kwargs yet."
+
+    states = {**exported_model.state_dict, **exported_model.constants}
+    placeholders = [n for n in exported_model.graph.nodes if n.op == "placeholder"]
+    outputs = next(n for n in exported_model.graph.nodes if n.op == "output").args[0]
+    mutated = len(exported_model.graph_signature.buffers_to_mutate)
+    kept = list(outputs)[mutated:]
+    read = _inputs_read(kept)
+    user_position = 0
+    fixed: dict[int, Any] = {}
+    state_dict: dict[str, Any] = {}
+    input_locations: list[InputLocation] = []
+    input_signature: list[VariableSignature] = []
+    unused_inputs: list[tuple[InputLocation, VariableSignature]] = []
+    for position, (node, spec) in enumerate(
+        zip(placeholders, exported_model.graph_signature.input_specs, strict=True)
+    ):
+        example = node.meta.get("val")
+        if spec.kind == InputKind.USER_INPUT:
+            location = InputLocation.input_arg(user_position)
+            user_position += 1
+            if not isinstance(example, torch.Tensor) or node not in read:
+                # Export bakes non-tensor arguments into the program, and an input no output
+                # depends on is no input of the program: either is an unused input.
+                fixed[position] = None if isinstance(example, torch.Tensor) else example
+                unused_inputs.append((location, _signature(example)))
+                continue
+        elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+            location = InputLocation.parameter(spec.target)
+            state_dict[spec.target] = states[spec.target]
+            if node not in read:  # e.g. a buffer only updated: its new value is not returned
+                fixed[position] = None
+                continue
+        else:
+            raise NotImplementedError(
+                f"xlasim: exporting a program with a {spec.kind.name} input is not simulated"
+            )
+        input_locations.append(location)
+        input_signature.append(_signature(example))
+
+    output_signature = [_signature(o.meta.get("val")) for o in kept]
+    meta = StableHLOFunctionMeta(
+        name="forward",
+        stablehlo_version="0.0.0",
+        input_signature=input_signature,
+        output_signature=output_signature,
+        input_locations=input_locations,
+        unused_inputs=unused_inputs,
+        input_pytree_spec=pytree.treespec_dumps(exported_model.call_spec.in_spec),
+        output_pytree_spec=pytree.treespec_dumps(exported_model.call_spec.out_spec),
+    )
+    exported_state = {k: _numpy(v) for k, v in state_dict.items()} if options.export_weights else {}
+    bundle = StableHLOModelBundle(
+        state_dict=exported_state,
+        additional_constants=[],
+        stablehlo_funcs=[StableHLOFunc(meta, None, None)],
+    )
+    return bundle, _Program(exported_model, fixed, options.include_human_readable_text)
+
+
+def _check_capturable(program: _Program, meta: StableHLOFunctionMeta) -> None:
+    """torch_xla traces the program on its example inputs when it exports it, and refuses a
+    program with an op it would run on the CPU; the trace is dropped, never run."""
+    exported = program.exported
+    args, _ = exported.example_inputs
+    user = pytree.tree_leaves(args)
+    states = {**exported.state_dict, **exported.constants}
+    call_args = [
+        user[loc.position] if loc.type_ == VariableType.INPUT_ARG else states[loc.name]
+        for loc in meta.input_locations
+    ]
+    torch_xla.sync()
+    xm.wait_device_ops()
+    metrics.clear_counters()
+    outputs = _trace(program, call_args)
+    del outputs
+    fallback_ops = metrics.executed_fallback_ops()
+    if fallback_ops:
+        raise RuntimeError(
+            "This model contains ops not capturable by Pytorch/XLA: {}".format(
+                "\n".join(fallback_ops)
+            )
+        )
+
+
+def exported_program_to_stablehlo(
+    exported_model: ExportedProgram, options: StableHLOExportOptions | None = None
+) -> StableHLOGraphModule:
+    """A callable with ``exported_model``'s calling convention that runs its program on the
+    (simulated) XLA device."""
+    bundle, program = _exported_program_to_stablehlo_bundle(exported_model, options)
+    _check_capturable(program, bundle.stablehlo_funcs[0].meta)
+    module = StableHLOGraphModule(bundle)
+    module._programs[module._default_method] = program
+    return module
+
+
+# -- saving and loading ----------------------------------------------------------------------
+def _save_program_bundle(
+    bundle: StableHLOModelBundle,
+    stablehlo_dir: str | os.PathLike,
+    options: StableHLOExportOptions | None = None,
+) -> None:
+    """torch_xla's layout: ``data/<state name>`` (numpy), ``functions/<name>.meta`` (JSON),
+    ``.bytecode`` and ``.mlir``, and ``constants/<index>`` (numpy)."""
+    if options is None:
+        options = StableHLOExportOptions()
+    if options.save_weights:
+        os.makedirs(os.path.join(stablehlo_dir, "data"), exist_ok=True)
+        for name, value in bundle.state_dict.items():
+            with open(os.path.join(stablehlo_dir, "data", name), "wb") as f:
+                np.save(f, value)
+    functions = os.path.join(stablehlo_dir, "functions")
+    os.makedirs(functions, exist_ok=True)
+    for func in bundle.stablehlo_funcs:
+        with open(os.path.join(functions, func.meta.name + ".meta"), "w") as f:
+            json.dump(func.meta, f, cls=StableHLOJSONSerializer)
+        if func.bytecode is not None:
+            with open(os.path.join(functions, func.meta.name + ".bytecode"), "wb") as f:
+                f.write(func.bytecode)
+        if func.text is not None:
+            with open(os.path.join(functions, func.meta.name + ".mlir"), "w") as f:
+                f.write(func.text)
+    constants = os.path.join(stablehlo_dir, "constants")
+    os.makedirs(constants, exist_ok=True)
+    for index, value in enumerate(bundle.additional_constants):
+        with open(os.path.join(constants, str(index)), "wb") as f:
+            np.save(f, value)
+
+
+def _files(path: str | os.PathLike) -> Iterator[tuple[str, IO[bytes]]]:
+    for name in os.listdir(path):
+        with open(os.path.join(path, name), "rb") as f:
+            yield name, f
+
+
+def _load_program_bundle(stablehlo_dir: str | os.PathLike) -> StableHLOModelBundle:
+    state_dict = {}
+    if os.path.exists(os.path.join(stablehlo_dir, "data")):
+        for name, f in _files(os.path.join(stablehlo_dir, "data")):
+            state_dict[name] = np.load(f, allow_pickle=True)
+    constants = sorted(
+        (int(name), np.load(f, allow_pickle=True))
+        for name, f in _files(os.path.join(stablehlo_dir, "constants"))
+    )
+    metas = []
+    bytecodes: dict[str, bytes] = {}
+    texts: dict[str, str] = {}
+    for name, f in _files(os.path.join(stablehlo_dir, "functions")):
+        stem, suffix = os.path.splitext(name)
+        if suffix == ".meta":
+            metas.append(json.load(f, object_hook=stablehlo_obj_hook))
+        elif suffix == ".bytecode":
+            bytecodes[stem] = f.read()
+        elif suffix == ".mlir":
+            texts[stem] = f.read().decode()
+    return StableHLOModelBundle(
+        state_dict=state_dict,
+        additional_constants=[value for _, value in constants],
+        stablehlo_funcs=[
+            StableHLOFunc(meta, bytecodes.get(meta.name), texts.get(meta.name)) for meta in metas
+        ],
+    )
+
+
+def save_as_stablehlo(
+    exported_model: ExportedProgram,
+    stablehlo_dir: str | os.PathLike,
+    options: StableHLOExportOptions | None = None,
+) -> None:
+    """Exports ``exported_model`` and saves it in ``stablehlo_dir`` (load it with
+    ``StableHLOGraphModule.load``)."""
+    if options is None:
+        options = StableHLOExportOptions()
+    exported_program_to_stablehlo(exported_model, options).save(stablehlo_dir, options)
+
+
+def save_torch_model_as_stablehlo(
+    torchmodel: torch.nn.Module,
+    args: tuple[Any, ...],
+    path: str | os.PathLike,
+    options: StableHLOExportOptions | None = None,
+) -> None:
+    """``torch.export``s ``torchmodel`` on ``args`` and saves it as ``save_as_stablehlo`` does."""
+    exported = torch.export.export(torchmodel, args)
+    if options is None:
+        options = StableHLOExportOptions()
+    options.override_tracing_arguments = args
+    save_as_stablehlo(exported, path, options)
+
+
+__all__ = [
+    "InputLocation",
+    "StableHLOExportOptions",
+    "StableHLOFunc",
+    "StableHLOFunctionMeta",
+    "StableHLOGraphModule",
+    "StableHLOJSONSerializer",
+    "StableHLOModelBundle",
+    "VariableSignature",
+    "VariableType",
+    "XLAExportInterpreter",
+    "exported_program_to_stablehlo",
+    "save_as_stablehlo",
+    "save_torch_model_as_stablehlo",
+    "stablehlo_obj_hook",
+]
