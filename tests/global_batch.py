@@ -4,6 +4,7 @@ hosts feed, and the demo's loop on one slice for the multislice runs."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 import xlasim
@@ -57,3 +58,20 @@ def demo_losses_on_one_slice(steps: int, batch: int) -> list[float]:
             torch_xla.sync()
             losses.append(loss.item())
         return losses
+
+
+def check_two_slice_records(records: list[dict], steps: int, batch: int) -> None:
+    """The demo's records of a run on 2 x v4-8 (one host each): slice by slice, each host with
+    its slice's MEGASCALE_SLICE_ID, the default hybrid mesh, one program with one slice's losses."""
+    assert [(r["slice_index"], r["host_index"], r["process_index"]) for r in records] == [
+        (0, 0, 0),
+        (1, 0, 1),
+    ]
+    for r in records:
+        assert r["megascale_slice_id"] == str(r["slice_index"])
+        assert (r["process_count"], r["global_devices"], r["addressable_devices"]) == (2, 8, 4)
+        assert r["mesh_shape"] == [2, 4] and r["axis_names"] == ["data", "model"]
+        # HybridMesh(ici (1, 4), dcn (2, 1)): real torch_xla 2.9's order (tests/test_multislice.py)
+        assert r["mesh_device_ids"] == [0, 2, 1, 3, 4, 6, 5, 7]
+    assert records[0]["losses"] == records[1]["losses"]
+    assert records[0]["losses"] == pytest.approx(demo_losses_on_one_slice(steps, batch), rel=1e-5)

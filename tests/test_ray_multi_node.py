@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from global_batch import demo_losses_on_one_slice
+from global_batch import check_two_slice_records
 from sockets import free_port
 
 pytest.importorskip("ray.train")
@@ -585,17 +585,8 @@ def test_two_slices_on_two_machines_train_as_one_slice(two_slice_cluster, tmp_pa
 
     from xlasim.cli import demo
 
-    records = demo.read_records(out_dir)
     # slice 1's host found slice 0's host 0 on the other machine: one exchange, one program
-    assert [(r["slice_index"], r["host_index"], r["process_index"]) for r in records] == [
-        (0, 0, 0),
-        (1, 0, 1),
-    ]
-    for r in records:
-        assert r["megascale_slice_id"] == str(r["slice_index"])
-        assert (r["process_count"], r["global_devices"], r["addressable_devices"]) == (2, 8, 4)
-    assert records[0]["losses"] == records[1]["losses"]
-    assert records[0]["losses"] == pytest.approx(demo_losses_on_one_slice(steps, batch), rel=1e-5)
+    check_two_slice_records(demo.read_records(out_dir), steps, batch)
     assert result["placement_groups_left"] == 0
     _assert_nothing_left(two_slice_cluster, tmp_path)
 
