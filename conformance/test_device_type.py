@@ -16,6 +16,21 @@ import pytest
 import torch
 
 
+@pytest.fixture(autouse=True)
+def _pjrt_device_restored(monkeypatch):
+    """``set_device_type`` writes ``PJRT_DEVICE`` into this process's environment, as torch_xla
+    does, and a test's own ``monkeypatch.setenv`` of it then records that value to put back.
+    The variable's state before the test is recorded first here, so monkeypatch's undo (last
+    to first) ends with it; otherwise every later subprocess of this pytest worker (an
+    ``xlasim run`` host, a docs example) would start on the CPU client with one device."""
+    if "PJRT_DEVICE" in os.environ:
+        monkeypatch.setenv("PJRT_DEVICE", os.environ["PJRT_DEVICE"])
+    else:
+        # monkeypatch records an absent variable only when it sets it: set, then remove.
+        monkeypatch.setenv("PJRT_DEVICE", "")
+        monkeypatch.delenv("PJRT_DEVICE")
+
+
 def test_cpu_client_when_chosen_before_first_use(xla_target, monkeypatch):
     import torch_xla
     import torch_xla.core.xla_model as xm

@@ -34,11 +34,11 @@ def no_shared_cluster(tpu_clusters: ClusterPool) -> None:
 RAY_MODULES = (
     "test_ray_cluster.py",
     "test_ray_multi_node.py",
-    "test_backend_ray_single_host.py",  # v6e-8
-    "test_torch_tpu_ray_train.py",  # v6e-8 with a CPU per chip
     "test_seamless.py",  # v6e-4, then v4-16
     "test_ray_faults.py",  # v4-16
     "test_backend_ray_multi_host.py",  # v4-16, then v6e-16
+    "test_torch_tpu_ray_train.py",  # v6e-16, then v6e-8
+    "test_backend_ray_single_host.py",  # v6e-8
     "test_backend_ray_multislice.py",  # 2 x v4-8
 )
 """The modules that start Ray clusters, in the order they run (after every other module):

@@ -50,6 +50,13 @@ def run_env() -> dict[str, Any] | None:
     return {"env_vars": env} if env else None
 
 
+CPUS_PER_HOST = {"2x4": 8, "4x4": 4}
+"""CPUs of each host of the v6e slices that several modules train on: one per chip, which Ray's
+own TorchTrainer needs (a CPU beside each worker's chip, tests/test_torch_tpu_ray_train.py) and
+which costs the other runs nothing.  Every module asks for them, so that one kept cluster of the
+slice serves them all (starting a v6e-16's five Ray nodes costs tens of seconds)."""
+
+
 CLUSTER_ACTORS = ("_AutoscalingCoordinatorActor",)
 """Ray's own actors that live as long as the cluster (started by the first run, shared by the
 next ones): not something a run leaves behind."""

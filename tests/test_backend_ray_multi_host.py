@@ -14,6 +14,8 @@ import pytest
 
 pytest.importorskip("ray.train")
 
+from shared_clusters import CPUS_PER_HOST  # noqa: E402
+
 from xlasim.cli import demo  # noqa: E402
 
 # One Ray cluster at a time on this machine: xdist runs the "ray" group on one worker.
@@ -31,7 +33,11 @@ pytestmark = [pytest.mark.timeout(900), pytest.mark.xdist_group("ray")]
 def test_spmd_training_on_every_host(
     tpu_clusters, topology, accelerator, hosts, devices, mesh, tmp_path
 ):
-    cluster = tpu_clusters.get(topology, accelerator, startup_timeout_s=180)
+    # The cluster's start arguments as the other modules on this slice give them (one kept
+    # cluster serves them all): the v4-16's are the fault drills', the v6e-16's Ray's own
+    # TorchTrainer's.
+    shared = {"num_cpus_per_host": CPUS_PER_HOST[topology]} if accelerator == "v6e" else {}
+    cluster = tpu_clusters.get(topology, accelerator, startup_timeout_s=180, **shared)
     assert cluster.spec.num_hosts == hosts
     _, records = demo.run(
         topology,

@@ -15,6 +15,7 @@ pytest.importorskip("ray.train")
 
 from docs_examples import cluster_driver_command, env_for, python_examples, run  # noqa: E402
 from ray.train import RunConfig, ScalingConfig  # noqa: E402
+from shared_clusters import CPUS_PER_HOST  # noqa: E402
 
 import tpu_backend  # noqa: E402
 from xlasim.cli import demo  # noqa: E402
@@ -32,7 +33,9 @@ pytestmark = [pytest.mark.timeout(900), pytest.mark.xdist_group("ray")]
 
 @pytest.fixture
 def v6e_8_cluster(tpu_clusters):
-    return tpu_clusters.get("2x4", "v6e", startup_timeout_s=120)
+    return tpu_clusters.get(
+        "2x4", "v6e", num_cpus_per_host=CPUS_PER_HOST["2x4"], startup_timeout_s=120
+    )
 
 
 def _trainer(tmp_path, *, torch_config=None, scaling=None, run_env=None, steps=3):

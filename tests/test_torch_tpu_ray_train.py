@@ -24,6 +24,7 @@ pytest.importorskip("ray.train")
 
 from ray.train import RunConfig, ScalingConfig  # noqa: E402
 from ray.train.torch import TorchTrainer  # noqa: E402
+from shared_clusters import CPUS_PER_HOST  # noqa: E402
 
 from xlasim.ray.cluster import fit_with_deadline  # noqa: E402
 
@@ -113,9 +114,11 @@ def _eager_cpu_losses() -> list[float]:
 
 
 # (topology, hosts, chips per host) of the v6e slices Ray runs a worker per chip on.
+# The v6e-16 first: tests/test_backend_ray_multi_host.py ends on it, and
+# tests/test_backend_ray_single_host.py (next) starts on the v6e-8 (see conftest.RAY_MODULES).
 SLICES = [
-    pytest.param("2x4", 1, 8, id="v6e-8"),
     pytest.param("4x4", 4, 4, id="v6e-16"),
+    pytest.param("2x4", 1, 8, id="v6e-8"),
 ]
 
 
@@ -126,6 +129,7 @@ def test_torch_trainer_trains_ddp_over_tpu_dist(
     import ray.cloudpickle
 
     # Ray Train gives every worker a CPU beside its chip: each host has one per chip.
+    assert CPUS_PER_HOST[topology] == chips
     tpu_clusters.get(topology, "v6e", num_cpus_per_host=chips, startup_timeout_s=120)
     # Workers cannot import this test module: ship the loop by value.
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])

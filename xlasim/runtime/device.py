@@ -294,6 +294,22 @@ def _build(name: str, source: str, build_dir: str) -> None:
         ) from exc
 
 
+def _build_directory(name: str) -> str:
+    """Where torch's extension cache keeps the extension ``name`` (created if missing)."""
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if not root:
+        # torch's default root is named after the Python and the torch build, by a rule that
+        # changes between torch versions: ask torch.
+        return str(_cpp_extension()._get_build_directory(name, verbose=False))
+    # Under TORCH_EXTENSIONS_DIR (the tox envs set it) every supported torch keeps an
+    # extension in a folder of its name. Found here, a process that loads an extension built
+    # before never imports torch.utils.cpp_extension, and setuptools with it: tenths of a
+    # second of CPU in every simulated process's start.
+    build_dir = os.path.join(root, name)
+    os.makedirs(build_dir, exist_ok=True)
+    return build_dir
+
+
 def ensure_device_guard() -> None:
     """Registers a device guard for the XLA device type (once per process)."""
     global _guard_ready
@@ -305,12 +321,10 @@ def ensure_device_guard() -> None:
         # Deferred: only the first simulation of a process builds the extension.
         from filelock import FileLock, Timeout
 
-        cpp_extension = _cpp_extension()
-
         # Built under torch's extension cache (TORCH_EXTENSIONS_DIR to move it).
         source = _source()
         name = _extension_name(source)
-        build_dir = cpp_extension._get_build_directory(name, verbose=False)
+        build_dir = _build_directory(name)
         built = os.path.join(build_dir, "xlasim-built")
         lock = FileLock(os.path.join(build_dir, "xlasim-build.lock"), timeout=BUILD_WAIT_S)
         try:
