@@ -1062,6 +1062,37 @@ def derived(
     return t
 
 
+def user_computation(
+    srcs: list[XlaSimTensor], values: list[torch.Tensor], op: str, key: int
+) -> list[XlaSimTensor]:
+    """The pending results of one user-computation IR node ``op`` (torch_xla's
+    ``xla::_op_<name>``) over ``srcs``, one per output value; ``key`` stands for the
+    computation in the graph hash."""
+    if not srcs:
+        raise RuntimeError(f"{op}: a user computation needs at least one XLA tensor input")
+    runtime = owned(srcs[0])
+    parts: list[Any] = [stable_id(op), key]
+    inputs: list[Any] = []
+    for src in srcs:
+        _take(src, parts, inputs, [], runtime)
+    base = hash(tuple(parts))
+    outs = []
+    for index, value in enumerate(values):
+        shape = value.shape
+        node = Node(
+            hash((base, index, shape, _DTYPE_KEYS[value.dtype])),
+            op,
+            tuple(inputs),
+            None,
+            None,
+            shape,
+        )
+        t = _new(value, srcs[0]._device, node, runtime)
+        runtime.graphs.pending.append(weakref.ref(t))
+        outs.append(t)
+    return outs
+
+
 def wrap_data(
     elem: torch.Tensor, device: torch.device | None, sharding: Any = None, allocate: bool = True
 ) -> XlaSimTensor:

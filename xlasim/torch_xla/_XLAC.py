@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from xlasim.runtime import manual, numerics, optimizer_steps, state
+from xlasim.runtime import manual, numerics, op_builder, optimizer_steps, state
 from xlasim.runtime.compiler.hlo_text import tensors_hlo
 from xlasim.runtime.debug_info import tensor_debug_info
 from xlasim.runtime.errors import expected_xla_tensor
@@ -41,6 +41,7 @@ from xlasim.runtime.tensor import (
     materialize,
     note_write,
     replace_values,
+    user_computation,
     wrap_data,
 )
 from xlasim.sharding import op_sharding
@@ -223,6 +224,56 @@ def _xla_wait_device_ops(devices: Any = ()) -> None:
 # The fused updates of torch_xla.amp.syncfree's optimizers.
 _xla_adam_optimizer_step_ = optimizer_steps.adam_step
 _xla_sgd_optimizer_step_ = optimizer_steps.sgd_step
+
+
+# -- Python-built XLA computations (torch_xla.core.xla_builder) ----------------------------
+_xla_op_create_builder = op_builder.create_builder
+_xla_op_param = op_builder.parameter
+_xla_op_create = op_builder.create_op
+_xla_op_shape = op_builder.op_shape
+_xla_op_build = op_builder.build
+
+
+def _xla_op_builder(op: op_builder.XlaOp) -> op_builder.XlaBuilder:
+    return op.builder
+
+
+def _xla_op_tensor_shape(tensor: torch.Tensor, device: str = "") -> Any:
+    """The XLA shape of a tensor as a builder parameter takes it."""
+    return op_builder.shape_of(tensor)
+
+
+def _xla_user_computation(
+    opname: str, inputs: Sequence[torch.Tensor], computation: op_builder.XlaComputation
+) -> list[torch.Tensor]:
+    """Runs a built computation on XLA tensors: one IR node ``opname`` with an output per
+    element of the computation's result (its root, or each element of a root tuple)."""
+    tensors: list[XlaSimTensor] = []
+    for t in inputs:
+        if not isinstance(t, XlaSimTensor):
+            raise expected_xla_tensor(t, "")
+        tensors.append(t)
+        if t._manual is not None:
+            raise NotImplementedError(
+                f"xlasim does not run user computation {opname} on manually sharded tensors"
+            )
+    result = op_builder.evaluate(computation, [t._elem for t in tensors])
+    values = [v.contiguous() for v in op_builder.flatten(result)]
+    return list(user_computation(tensors, values, opname, computation.fingerprint))
+
+
+def _xla_computation_text(computation: op_builder.XlaComputation) -> str:
+    raise NotImplementedError(
+        "xlasim does not write HLO text for computations built with xla_builder "
+        f"({computation.name})"
+    )
+
+
+def _xla_op_computation_from_module_proto(name: str, proto: Any) -> Any:
+    raise NotImplementedError(
+        "xlasim does not load XLA computations from HloModuleProto bytes "
+        "(xla_builder.computation_from_module_proto)"
+    )
 
 
 # -- metrics ---------------------------------------------------------------------------
