@@ -107,6 +107,26 @@ def test_for_each_instance_rewrite(xla_target):
         xu.DataWrapper().get_tensors()
 
 
+def test_for_each_instance_and_rewrite_visit_in_one_order(xla_target):
+    # Real torch_xla 2.9: both walk depth first, a dict's key before its value, each object
+    # once, so what one collects lines up with what the other converts.
+    import torch_xla.utils.utils as xu
+
+    class Holder:
+        def __init__(self):
+            self.a = {"k": [1, 2, 3], 4.9: "y", 5: {"a": "n"}}
+            self.b = ("f", 17)
+
+    shared = Holder()
+    data = {2.3: 11, 21: Holder(), "w": [12, Holder(), shared], 123: shared}
+    primitive = lambda x: isinstance(x, (int, str, float))  # noqa: E731
+    collected, converted = [], []
+    xu.for_each_instance(data, primitive, collected.append)
+    xu.for_each_instance_rewrite(data, primitive, lambda x: converted.append(x) or x)
+    assert collected == converted
+    assert collected == [2.3, 11, 21, "k", 1, 2, 3, 4.9, "y", 5, "a", "n", "f", 17, "w", 12, 123]
+
+
 def test_distribution_metadata(xla_target):
     # Client libraries (Lightning) read the installed version before importing torch_xla.
     import importlib.metadata

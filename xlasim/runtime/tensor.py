@@ -43,6 +43,9 @@ _IDENTITY_OPS = frozenset({aten.detach.default, aten.alias.default, aten.lift_fr
 _devices: dict[int, torch.device] = {}
 
 
+_TENSOR_DATA: Any = torch._C.TensorBase.data
+
+
 def xla_device(index: int | None) -> torch.device:
     index = index or 0
     dev = _devices.get(index)
@@ -146,6 +149,20 @@ class XlaSimTensor(torch.Tensor):
 
     def _is_parameter(self) -> bool:
         return bool(getattr(self, "_is_param", False))
+
+    @property
+    def data(self) -> Any:
+        return _TENSOR_DATA.__get__(self)
+
+    @data.setter
+    def data(self, new: Any) -> None:
+        # ``t.data = other`` (how nn.Module.to swaps a parameter's dtype) changes the tensor's
+        # metadata in C++; the value it now holds is ``other``'s, as in torch_xla where both
+        # then share one XLA tensor.
+        _TENSOR_DATA.__set__(self, new)
+        if type(new) is XlaSimTensor:
+            for slot in _VALUE_SLOTS:
+                setattr(self, slot, getattr(new, slot))
 
     def __format__(self, format_spec: str) -> str:
         # torch formats a 0-dim plain tensor as its value; a Parameter (another class in real
@@ -257,6 +274,10 @@ _METADATA: dict[Any, bool | None] = {
     aten.is_strides_like_format.default: None,
     aten.is_non_overlapping_and_dense.default: None,
 }
+
+
+# What a tensor's value is: every slot but its own identity (``_seq``).
+_VALUE_SLOTS = tuple(slot for slot in XlaSimTensor.__slots__ if slot != "_seq")
 
 
 def _identity(info: _OpInfo, src: XlaSimTensor, kwargs: Any = None) -> XlaSimTensor:
@@ -490,7 +511,9 @@ def _unwrap_other(
         _take(a, parts, inputs, wrappers, rt)
         return a._elem
     if type(a) is list or type(a) is tuple:
-        if a and isinstance(a[0], torch.Tensor):
+        # A list of optional tensors (``index``'s, where None stands for a whole dim) may
+        # start with None.
+        if any(isinstance(x, torch.Tensor) for x in a):
             return type(a)(_unwrap_other(x, parts, inputs, wrappers, rt) for x in a)
         parts.append(_arg_key(a))
         return a
@@ -607,6 +630,12 @@ def _run(info: _OpInfo, args: Any, kwargs: Any) -> Any:
             shape_only = dry_run.cannot_compute(info.op, exc)
             if shape_only is not None:
                 raise shape_only from None
+        raise
+    except IndexError as exc:
+        # Some ops torch_xla checks itself, raising RuntimeError where CPU torch raises this.
+        message = _errors.translate_index_error(info.op, exc)
+        if message is not None:
+            raise RuntimeError(message) from None
         raise
     base = hash(tuple(parts))
     device = wrappers[0]._device if wrappers else xla_device(runtime.default_device_index)
