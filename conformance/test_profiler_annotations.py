@@ -56,11 +56,14 @@ def test_step_barrier_inside_a_trace_scope_is_an_error(xla_target):
     import torch_xla.debug.profiler as xp
 
     torch_xla.sync()
-    with pytest.raises(
-        RuntimeError, match=r"^Expecting scope to be empty but it is outer\.1/inner\.1$"
+    with (
+        pytest.raises(
+            RuntimeError, match=r"^Expecting scope to be empty but it is outer\.1/inner\.1$"
+        ),
+        xp.Trace("outer"),
+        xp.Trace("inner"),
     ):
-        with xp.Trace("outer"), xp.Trace("inner"):
-            torch_xla.sync()
+        torch_xla.sync()
     torch_xla.sync()  # the scopes closed with their blocks
     with xp.Trace("kept"):
         torch_xla.sync(reset_scope=False)  # no reset, no check
