@@ -112,19 +112,19 @@ def test_for_each_instance_and_rewrite_visit_in_one_order(xla_target):
     # once, so what one collects lines up with what the other converts.
     import torch_xla.utils.utils as xu
 
-    class Holder:
-        def __init__(self):
-            self.a = {"k": [1, 2, 3], 4.9: "y", 5: {"a": "n"}}
-            self.b = ("f", 17)
+    class Box:
+        def __init__(self, label):
+            self.label = label
+            self.items = {"n": (7, 8), 0.5: ["p", {"q": 9}]}
 
-    shared = Holder()
-    data = {2.3: 11, 21: Holder(), "w": [12, Holder(), shared], 123: shared}
+    common = Box("c")
+    data = [{"x": 1.5, 3: Box("a")}, (common, "z"), {4: common}]
     primitive = lambda x: isinstance(x, (int, str, float))  # noqa: E731
     collected, converted = [], []
     xu.for_each_instance(data, primitive, collected.append)
     xu.for_each_instance_rewrite(data, primitive, lambda x: converted.append(x) or x)
     assert collected == converted
-    assert collected == [2.3, 11, 21, "k", 1, 2, 3, 4.9, "y", 5, "a", "n", "f", 17, "w", 12, 123]
+    assert collected == ["x", 1.5, 3, "a", "n", 7, 8, 0.5, "p", "q", 9, "c", "z", 4]
 
 
 def test_distribution_metadata(xla_target):

@@ -22,10 +22,15 @@ def test_registered_op_computes_and_keeps_result_types(xla_target):
     assert isinstance(out, torch.Tensor) and out.device.type == "xla"
     assert out.cpu().tolist() == (a - b).tolist()
 
-    both = xor.register("conf_pair", lambda x: xb.Op.tuple((x, x.cast(xb.Type.BF16))))
-    first, second = both(a.to(dev))
-    assert (first.dtype, second.dtype) == (torch.float32, torch.bfloat16)
-    assert second.cpu().tolist() == a.to(torch.bfloat16).tolist()
+    def parts(x):
+        return xb.Op.tuple([x.floor(), x.cast(xb.Type.S32), x > x.zeros_like()])
+
+    split = xor.register("conf_split", parts)
+    floors, ints, positive = split(a.to(dev))
+    assert (floors.dtype, ints.dtype, positive.dtype) == (torch.float32, torch.int32, torch.bool)
+    assert floors.cpu().tolist() == [[1.0, -2.0], [3.0, 0.0]]
+    assert ints.cpu().tolist() == [[1, -2], [3, 0]]
+    assert positive.cpu().tolist() == [[True, False], [True, True]]
 
 
 def test_shapes_in_python_form(xla_target):
@@ -58,8 +63,10 @@ def test_shapes_in_python_form(xla_target):
         "dot": {"type": "f32", "sizes": (2, 2)},
         "tuple": ({"type": "f32", "sizes": (2, 3)}, {"type": "bf16", "sizes": (2, 3)}),
     }
-    for xla_type in xb._XLA_PT_TYPE_MAP:
-        assert xb.Op.from_torch_type(xb.Op.to_torch_type(xla_type)) == xla_type
+    assert xb.Op.to_torch_type(xb.Type.BF16) is torch.bfloat16
+    assert xb.Op.to_torch_type(None) is torch.float32
+    assert xb.Op.from_torch_type(torch.uint16) == "u16"
+    assert len(xb._XLA_PT_TYPE_MAP) == 15
 
 
 def test_control_flow_and_reductions_compute(xla_target):
@@ -69,29 +76,31 @@ def test_control_flow_and_reductions_compute(xla_target):
 
     dev = torch_xla.device()
 
-    def repeat_add(a, b, times=None):
-        def cond(counter, a, b):
-            return counter < xb.Op.scalar(counter.builder(), times, dtype=xb.Type.S32)
+    def power(x, n=None):
+        # x ** n by a loop over (i, acc, x) while i < n.
+        def cond(i, acc, base):
+            return i < xb.Op.scalar(i.builder(), n, dtype=xb.Type.S32)
 
-        def body(counter, a, b):
-            one = xb.Op.scalar(counter.builder(), 1, dtype=xb.Type.S32)
-            return xb.Op.tuple((counter + one, a + b, b))
+        def body(i, acc, base):
+            step = xb.Op.one(i.builder(), dtype=xb.Type.S32)
+            return xb.Op.tuple((i + step, acc * base, base))
 
-        zero = xb.Op.scalar(a.builder(), 0, dtype=xb.Type.S32)
-        return xb.Op.mkwhile((zero, a, b), cond, body).get_tuple_element(1)
+        start = xb.Op.zero(x.builder(), dtype=xb.Type.S32)
+        return xb.Op.mkwhile((start, x.ones_like(), x), cond, body).get_tuple_element(1)
 
-    a, b = torch.tensor([1.0, 2.0]), torch.tensor([0.5, -1.0])
-    looped = xor.register("conf_while", repeat_add)(a.to(dev), b.to(dev), times=4)
-    assert looped.cpu().tolist() == [3.0, -2.0]
+    x = torch.tensor([2.0, -3.0, 0.5])
+    cubed = xor.register("conf_power", power)(x.to(dev), n=3)
+    assert cubed.cpu().tolist() == [8.0, -27.0, 0.125]
 
-    def pick(k, a, b, k0=None):
-        cond = k > xb.Op.scalar(k.builder(), k0, dtype=k.shape().dtype)
-        return cond.mkconditional((a, b), lambda a, b: a + b, lambda a, b: a - b)
+    def larger_or_product(flag, a, b):
+        chosen = flag.mkconditional((a, b), lambda a, b: a.max(b), lambda a, b: a * b)
+        return chosen
 
-    op = xor.register("conf_cond", pick)
-    k = torch.tensor(0.2, device=dev)
-    assert op(k, a.to(dev), b.to(dev), k0=0.1).cpu().tolist() == [1.5, 1.0]
-    assert op(k, a.to(dev), b.to(dev), k0=0.9).cpu().tolist() == [0.5, 3.0]
+    a, b = torch.tensor([1.0, 5.0]), torch.tensor([4.0, 2.0])
+    op = xor.register("conf_cond", larger_or_product)
+    on = op(torch.tensor(True, device=dev), a.to(dev), b.to(dev))
+    off = op(torch.tensor(False, device=dev), a.to(dev), b.to(dev))
+    assert (on.cpu().tolist(), off.cpu().tolist()) == ([4.0, 5.0], [4.0, 10.0])
 
     def row_sums(x):
         return x.reduce(xb.Op.scalar(x.builder(), 0.0), lambda p, q: p + q, (1,))

@@ -101,6 +101,12 @@ def _ops(values: Sequence[Op]) -> list[Any]:
     return [v.op for v in values]
 
 
+def _attrs(arguments: dict[str, Any], *operands: str) -> dict[str, Any]:
+    """A method's keyword attributes for its op: its arguments but ``self`` and the operands
+    (which go to the op as inputs)."""
+    return {k: v for k, v in arguments.items() if k != "self" and k not in operands}
+
+
 class Op:
     """One op of a computation being built (wraps the builder's op handle ``op``).
 
@@ -195,15 +201,7 @@ class Op:
         index_vector_dim,
         indices_are_sorted=None,
     ):
-        return mkop(
-            "Gather",
-            (self.op, start_indices.op),
-            offset_dims=offset_dims,
-            collapsed_slice_dims=collapsed_slice_dims,
-            start_index_map=start_index_map,
-            index_vector_dim=index_vector_dim,
-            indices_are_sorted=indices_are_sorted,
-        )
+        return mkop("Gather", (self.op, start_indices.op), **_attrs(locals(), "start_indices"))
 
     def scatter(
         self,
@@ -217,16 +215,9 @@ class Op:
         indices_are_sorted=None,
         unique_indices=None,
     ):
+        operands = (self.op, scatter_indices.op, updates.op)
         return mkop(
-            "Scatter",
-            (self.op, scatter_indices.op, updates.op),
-            computation=computation,
-            update_window_dims=update_window_dims,
-            inserted_window_dims=inserted_window_dims,
-            scatter_dims_to_operand_dims=scatter_dims_to_operand_dims,
-            index_vector_dim=index_vector_dim,
-            indices_are_sorted=indices_are_sorted,
-            unique_indices=unique_indices,
+            "Scatter", operands, **_attrs(locals(), "scatter_indices", "updates", "operands")
         )
 
     def _scalar_computations(self, *named: tuple[str, Any]) -> list[Any]:
@@ -378,9 +369,7 @@ class Op:
         batch_group_count=1,
         precision_config=None,
     ):
-        attrs = dict(locals())
-        del attrs["self"], attrs["kernel"]
-        return mkop("ConvWithGeneralDimensions", (self.op, kernel.op), **attrs)
+        return mkop("ConvWithGeneralDimensions", (self.op, kernel.op), **_attrs(locals(), "kernel"))
 
     def conv_general(
         self,
@@ -400,9 +389,7 @@ class Op:
         batch_group_count=1,
         precision_config=None,
     ):
-        attrs = dict(locals())
-        del attrs["self"], attrs["kernel"]
-        return mkop("ConvGeneral", (self.op, kernel.op), **attrs)
+        return mkop("ConvGeneral", (self.op, kernel.op), **_attrs(locals(), "kernel"))
 
     def conv_general_dilated(
         self,
@@ -424,9 +411,7 @@ class Op:
         batch_group_count=1,
         precision_config=None,
     ):
-        attrs = dict(locals())
-        del attrs["self"], attrs["kernel"]
-        return mkop("ConvGeneralDilated", (self.op, kernel.op), **attrs)
+        return mkop("ConvGeneralDilated", (self.op, kernel.op), **_attrs(locals(), "kernel"))
 
     # -- element types and selection
     def cast(self, to_type):
@@ -543,16 +528,17 @@ class Op:
         )
 
     @classmethod
+    def iota(cls, builder, shape, iota_dimension):
+        return mkleaf("Iota", builder, shape=shape.shape, iota_dimension=iota_dimension)
+
+    # The constants 0 and 1 of an element type (f32 when none is given).
+    @classmethod
     def zero(cls, builder, dtype=None):
-        return cls.scalar(builder, 0, dtype=dtype)
+        return Op.scalar(builder, 0, dtype)
 
     @classmethod
     def one(cls, builder, dtype=None):
-        return cls.scalar(builder, 1, dtype=dtype)
-
-    @classmethod
-    def iota(cls, builder, shape, iota_dimension):
-        return mkleaf("Iota", builder, shape=shape.shape, iota_dimension=iota_dimension)
+        return Op.scalar(builder, 1, dtype)
 
     @classmethod
     def sort(cls, ops, comparator, dimension=None, is_stable=None):
@@ -572,13 +558,14 @@ class Op:
         )
 
     @classmethod
-    def to_torch_type(cls, dtype):
-        # No type given means f32, as torch_xla's scalars default to.
-        return _XLA_PT_TYPE_MAP[dtype] if dtype else torch.float32
-
-    @classmethod
     def from_torch_type(cls, dtype):
         return _PT_XLA_TYPE_MAP[dtype]
+
+    @classmethod
+    def to_torch_type(cls, dtype):
+        if not dtype:
+            return torch.float32  # no type given: f32, as torch_xla's scalars default to
+        return _XLA_PT_TYPE_MAP[dtype]
 
 
 def _add_elementwise() -> None:
@@ -665,20 +652,25 @@ def mkshape(dtype, sizes, dynamic_dimensions=None):
     return Shape.create(dtype, sizes, dynamic_dimensions=dynamic_dimensions)
 
 
-def mkop(name, ops, **kwargs):
-    builder = kwargs.get("builder")
-    if builder is None:
-        assert ops
-        builder = torch_xla._XLAC._xla_op_builder(ops[0])
-    return Op(torch_xla._XLAC._xla_op_create(builder, name, ops, kwargs))
+def mkparam(builder, param_no, shape):
+    handle = torch_xla._XLAC._xla_op_param(builder, param_no, shape.shape)
+    return Op(handle)
 
 
 def mkleaf(name, builder, **kwargs):
-    return Op(torch_xla._XLAC._xla_op_create(builder, name, (), kwargs))
+    """An op with no operands (a constant, an iota) in ``builder``."""
+    handle = torch_xla._XLAC._xla_op_create(builder, name, (), kwargs)
+    return Op(handle)
 
 
-def mkparam(builder, param_no, shape):
-    return Op(torch_xla._XLAC._xla_op_param(builder, param_no, shape.shape))
+def mkop(name, ops, **kwargs):
+    """Op ``name`` on op handles ``ops``, in their builder unless ``builder=`` names one."""
+    builder = kwargs.get("builder")
+    if builder is None:
+        assert ops, f"{name}: an op without operands needs builder="
+        builder = torch_xla._XLAC._xla_op_builder(ops[0])
+    handle = torch_xla._XLAC._xla_op_create(builder, name, ops, kwargs)
+    return Op(handle)
 
 
 def tensor_shape(tensor, device=""):

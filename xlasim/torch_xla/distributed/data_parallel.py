@@ -48,17 +48,17 @@ class DataParallel:
         if device_ids is None:
             device_ids = xm.get_xla_supported_devices()
         self._device_ids = [str(d) for d in device_ids]
-        self._native_run = False
         self._kwargs = kwargs
         module = network if isinstance(network, torch.nn.Module) else network()
-        self._models = [copy.deepcopy(module).to(device=torch.device(d)) for d in device_ids]
-        self._contexts = [Context(torch.device(d)) for d in device_ids]
-        if not self._models:
-            device = self._get_model_device(module)
-            self._models.append(module)
-            self._device_ids.append(device)
-            self._contexts.append(Context(torch.device(device)))
-            self._native_run = True
+        # No devices: the network runs where its parameters are (natively, on the CPU).
+        self._native_run = not device_ids
+        places = self._device_ids if device_ids else [self._get_model_device(module)]
+        if self._native_run:
+            self._device_ids = places
+            self._models = [module]
+        else:
+            self._models = [copy.deepcopy(module).to(device=torch.device(d)) for d in places]
+        self._contexts = [Context(torch.device(d)) for d in places]
 
     @property
     def devices(self) -> list[str]:

@@ -2,7 +2,7 @@
 
 The file at ``path`` holds the data with each XLA tensor replaced by a ``TensorReference``; the
 tensors' CPU values go to ``<path>.tensors/tensor_<id>.pt`` (torch_xla's layout, so files
-written here load with real torch_xla and back).  ``load`` puts the tensors on the XLA device.
+written here load with real torch_xla and back).  ``load`` gives the tensors back on the CPU.
 """
 
 from __future__ import annotations
@@ -62,15 +62,12 @@ def save(data: Any, path: str, master_only: bool = True, global_master: bool = F
 
 
 def load(path: str) -> Any:
-    """The data ``save`` wrote to ``path``, its tensors back on the XLA device."""
+    """The data ``save`` wrote to ``path``, each tensor as its saved CPU value (torch_xla
+    leaves moving them to a device to the caller)."""
     refs = torch.load(path, weights_only=False)
     folder = _get_tensors_folder(path)
-    found: list[TensorReference] = []
-    xu.for_each_instance(refs, lambda v: type(v) is TensorReference, found.append)
-    cpu = [torch.load(_get_tensor_file(folder, r.tid)) for r in found]
-    # Every tensor goes to the device in one transfer.
-    moved = xm.send_cpu_data_to_device(cpu, torch_xla.device()) if cpu else []
-    by_tid = {r.tid: t for r, t in zip(found, moved, strict=True)}
     return xu.for_each_instance_rewrite(
-        refs, lambda v: type(v) is TensorReference, lambda r: by_tid[r.tid]
+        refs,
+        lambda v: type(v) is TensorReference,
+        lambda r: torch.load(_get_tensor_file(folder, r.tid)),
     )
