@@ -46,3 +46,26 @@ def test_start_server_takes_any_int_port(xla_target):
     assert xp.start_server(70000) is not None  # an unusable port is only logged
     with pytest.raises(TypeError, match="incompatible function arguments"):
         xp.start_server("9012")
+
+
+def test_step_barrier_inside_a_trace_scope_is_an_error(xla_target):
+    # Real torch_xla 2.9: a Trace is also an IR scope, numbered per nesting level from 1 after
+    # each step barrier, and a barrier that resets scopes fails while one is open.
+    import pytest
+    import torch_xla
+    import torch_xla.debug.profiler as xp
+
+    torch_xla.sync()
+    with (
+        pytest.raises(
+            RuntimeError, match=r"^Expecting scope to be empty but it is outer\.1/inner\.1$"
+        ),
+        xp.Trace("outer"),
+        xp.Trace("inner"),
+    ):
+        torch_xla.sync()
+    torch_xla.sync()  # the scopes closed with their blocks
+    with xp.Trace("kept"):
+        torch_xla.sync(reset_scope=False)  # no reset, no check
+    with xp.StepTrace("step", step_num=0):  # its own scope closes before its barrier
+        pass

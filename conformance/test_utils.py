@@ -107,6 +107,26 @@ def test_for_each_instance_rewrite(xla_target):
         xu.DataWrapper().get_tensors()
 
 
+def test_for_each_instance_and_rewrite_visit_in_one_order(xla_target):
+    # Real torch_xla 2.9: both walk depth first, a dict's key before its value, each object
+    # once, so what one collects lines up with what the other converts.
+    import torch_xla.utils.utils as xu
+
+    class Box:
+        def __init__(self, label):
+            self.label = label
+            self.items = {"n": (7, 8), 0.5: ["p", {"q": 9}]}
+
+    common = Box("c")
+    data = [{"x": 1.5, 3: Box("a")}, (common, "z"), {4: common}]
+    primitive = lambda x: isinstance(x, (int, str, float))  # noqa: E731
+    collected, converted = [], []
+    xu.for_each_instance(data, primitive, collected.append)
+    xu.for_each_instance_rewrite(data, primitive, lambda x: converted.append(x) or x)
+    assert collected == converted
+    assert collected == ["x", 1.5, 3, "a", "n", 7, 8, 0.5, "p", "q", 9, "c", "z", 4]
+
+
 def test_distribution_metadata(xla_target):
     # Client libraries (Lightning) read the installed version before importing torch_xla.
     import importlib.metadata

@@ -53,6 +53,23 @@ class Fact:
 
 
 FACTS: tuple[Fact, ...] = (
+    *(
+        Fact(
+            "xlasim/torch_xla/core/xla_builder.py",
+            f"Op.{method}",
+            "signature",
+            "xla_builder's op methods take XLA's operation attributes as parameters, in "
+            "torch_xla's order (callers pass them positionally)",
+        )
+        for method in (
+            "scatter",
+            "select_and_scatter",
+            "select_and_scatter_with_general_padding",
+            "conv_with_general_dimensions",
+            "conv_general",
+            "conv_general_dilated",
+        )
+    ),
     Fact(
         "xlasim/torch_xla/_internal/tpu.py",
         "TpuEnv",

@@ -126,11 +126,33 @@ def translate(func: Any, args: tuple[Any, ...], error: RuntimeError) -> str | No
     if func is aten.cat.default:
         dim = args[1] if len(args) > 1 else 0
         return _cat(list(args[0]), message, dim)
+    if func in _FULL_REDUCTIONS and "Expected reduction dim to be specified" in message:
+        return _EMPTY_FULL_REDUCTION
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     handler = _BY_OP.get(func)
     if handler is not None and len(tensors) >= 2:
         return handler(tensors, message)
     return _broadcast(tensors, message)
+
+
+# max()/min() of an empty tensor: torch_xla's shape check fails before torch's own message.
+_FULL_REDUCTIONS = frozenset({aten.max.default, aten.min.default})
+_EMPTY_FULL_REDUCTION = "Check failed: 0 < xla::ShapeUtil::ElementsIn(GetXlaShape(input)) (0 vs. 0)"
+_DIM_REDUCTIONS = frozenset({aten.max.dim, aten.min.dim})
+_DIM_OPS = frozenset({aten.flip.default, aten.sum.dim_IntList})
+_DIM_OUT_OF_RANGE = re.compile(r"^Dimension out of range (\(expected to be in range .*)$")
+
+
+def translate_index_error(func: Any, error: IndexError) -> str | None:
+    """The RuntimeError message torch_xla 2.9 gives where CPU torch raises IndexError ``error``
+    (each measured on PJRT CPU), or None where torch_xla raises the IndexError too."""
+    message = str(error)
+    if func in _DIM_REDUCTIONS and "Expected reduction dim" in message:
+        return "Check failed: 0 < *rinfo.element_count.scalar_size (0 vs. 0)"
+    m = _DIM_OUT_OF_RANGE.match(message)
+    if func in _DIM_OPS and m:
+        return f"Value out of range {m.group(1)}"
+    return None
 
 
 # -- messages torch_xla words with at::Tensor::toString() ----------------------------------------

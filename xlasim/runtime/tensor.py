@@ -43,6 +43,9 @@ _IDENTITY_OPS = frozenset({aten.detach.default, aten.alias.default, aten.lift_fr
 _devices: dict[int, torch.device] = {}
 
 
+_TENSOR_DATA: Any = torch._C.TensorBase.data
+
+
 def xla_device(index: int | None) -> torch.device:
     index = index or 0
     dev = _devices.get(index)
@@ -146,6 +149,20 @@ class XlaSimTensor(torch.Tensor):
 
     def _is_parameter(self) -> bool:
         return bool(getattr(self, "_is_param", False))
+
+    @property
+    def data(self) -> Any:
+        return _TENSOR_DATA.__get__(self)
+
+    @data.setter
+    def data(self, new: Any) -> None:
+        # ``t.data = other`` (how nn.Module.to swaps a parameter's dtype) changes the tensor's
+        # metadata in C++; the value it now holds is ``other``'s, as in torch_xla where both
+        # then share one XLA tensor.
+        _TENSOR_DATA.__set__(self, new)
+        if type(new) is XlaSimTensor:
+            for slot in _VALUE_SLOTS:
+                setattr(self, slot, getattr(new, slot))
 
     def __format__(self, format_spec: str) -> str:
         # torch formats a 0-dim plain tensor as its value; a Parameter (another class in real
@@ -257,6 +274,10 @@ _METADATA: dict[Any, bool | None] = {
     aten.is_strides_like_format.default: None,
     aten.is_non_overlapping_and_dense.default: None,
 }
+
+
+# What a tensor's value is: every slot but its own identity (``_seq``).
+_VALUE_SLOTS = tuple(slot for slot in XlaSimTensor.__slots__ if slot != "_seq")
 
 
 def _identity(info: _OpInfo, src: XlaSimTensor, kwargs: Any = None) -> XlaSimTensor:
@@ -608,6 +629,12 @@ def _run(info: _OpInfo, args: Any, kwargs: Any) -> Any:
             shape_only = dry_run.cannot_compute(info.op, exc)
             if shape_only is not None:
                 raise shape_only from None
+        raise
+    except IndexError as exc:
+        # Some ops torch_xla checks itself, raising RuntimeError where CPU torch raises this.
+        message = _errors.translate_index_error(info.op, exc)
+        if message is not None:
+            raise RuntimeError(message) from None
         raise
     base = hash(tuple(parts))
     device = wrappers[0]._device if wrappers else xla_device(runtime.default_device_index)
@@ -1061,6 +1088,37 @@ def derived(
     t = _new(value, src._device, node, runtime)
     runtime.graphs.pending.append(weakref.ref(t))
     return t
+
+
+def user_computation(
+    srcs: list[XlaSimTensor], values: list[torch.Tensor], op: str, key: int
+) -> list[XlaSimTensor]:
+    """The pending results of one user-computation IR node ``op`` (torch_xla's
+    ``xla::_op_<name>``) over ``srcs``, one per output value; ``key`` stands for the
+    computation in the graph hash."""
+    if not srcs:
+        raise RuntimeError(f"{op}: a user computation needs at least one XLA tensor input")
+    runtime = owned(srcs[0])
+    parts: list[Any] = [stable_id(op), key]
+    inputs: list[Any] = []
+    for src in srcs:
+        _take(src, parts, inputs, [], runtime)
+    base = hash(tuple(parts))
+    outs = []
+    for index, value in enumerate(values):
+        shape = value.shape
+        node = Node(
+            hash((base, index, shape, _DTYPE_KEYS[value.dtype])),
+            op,
+            tuple(inputs),
+            None,
+            None,
+            shape,
+        )
+        t = _new(value, srcs[0]._device, node, runtime)
+        runtime.graphs.pending.append(weakref.ref(t))
+        outs.append(t)
+    return outs
 
 
 def wrap_data(

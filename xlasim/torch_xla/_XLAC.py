@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from xlasim.runtime import manual, numerics, optimizer_steps, state
+from xlasim.runtime import ir_scopes, manual, numerics, op_builder, optimizer_steps, state
 from xlasim.runtime.compiler.hlo_text import tensors_hlo
 from xlasim.runtime.debug_info import tensor_debug_info
 from xlasim.runtime.errors import expected_xla_tensor
@@ -41,6 +41,7 @@ from xlasim.runtime.tensor import (
     materialize,
     note_write,
     replace_values,
+    user_computation,
     wrap_data,
 )
 from xlasim.sharding import op_sharding
@@ -74,8 +75,12 @@ def _xla_get_devices() -> list[str]:
     return _rt().xla_devices()
 
 
-def _xla_real_devices() -> list[str]:
-    return _rt().real_devices()
+def _xla_real_devices(devices: list[str] | None = None) -> list[str]:
+    """The runtime devices (``CPU:0``, ``TPU:3``) behind ``xla:N`` devices (default: all)."""
+    rt = _rt()
+    if devices is None:
+        return rt.real_devices()
+    return [rt.xla_devices()[_ordinal(str(d))] for d in devices]
 
 
 def _xla_get_runtime_devices() -> list[str]:
@@ -163,6 +168,8 @@ def _xla_step_marker(
         # torch_xla turns a failed XLA compile into std::invalid_argument, which pybind11
         # raises as ValueError (the aten ops that materialize raise it as RuntimeError).
         raise ValueError(str(exc)) from None
+    if reset_scope:  # after the step ran, as torch_xla's MarkStep does
+        ir_scopes.reset()
 
 
 def _set_use_eager_mode(use_eager_mode: bool) -> None:
@@ -206,6 +213,8 @@ def _xla_tensors_from_aten(
         sharding = shardings[i] if shardings else None
         # A sharded transfer is placed (and its buffer counted) by place_input only.
         x = wrap_data(t.detach().clone(), torch.device(device), allocate=sharding is None)
+        if t.requires_grad:  # torch_xla's transfer keeps the flag (measured on 2.9 CPU)
+            x.requires_grad_(True)
         # Placement (replicated under SPMD, minibatch assembly across hosts, HBM check).
         x = place_input(x, sharding)
         out.append(x)
@@ -223,6 +232,88 @@ def _xla_wait_device_ops(devices: Any = ()) -> None:
 # The fused updates of torch_xla.amp.syncfree's optimizers.
 _xla_adam_optimizer_step_ = optimizer_steps.adam_step
 _xla_sgd_optimizer_step_ = optimizer_steps.sgd_step
+
+
+# -- build and tensor facts ----------------------------------------------------------------
+# The commits torch_xla 2.9.0 was built from: the v2.9.0 tag's, and the torch it pins.
+_XLA_GIT_REV = "5fab7053df86c8d503b98d9e7202ca8b8d4978c7"
+
+
+def _get_git_revs() -> dict[str, str]:
+    return {"xla": _XLA_GIT_REV, "torch": torch.version.git_version}
+
+
+def _get_xla_tensor_shape_type(t: torch.Tensor) -> str:
+    """The XLA element type of a tensor's value (``f16``...)."""
+    if not isinstance(t, XlaSimTensor):
+        raise expected_xla_tensor(t, "")
+    return op_builder.xla_type(t.dtype)
+
+
+def _get_xla_tensor_dimension_size(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """Size ``dim`` of ``t`` as an s32 XLA scalar (shapes are static in the simulator)."""
+    if not isinstance(t, XlaSimTensor):
+        raise expected_xla_tensor(t, "")
+    return torch.tensor(t.shape[dim], dtype=torch.int32, device=t.device)
+
+
+def _unsafe_buffer_pointer(t: torch.Tensor) -> int:
+    """The address of the memory holding the tensor's computed value (the simulated device
+    buffer lives in host memory)."""
+    if not isinstance(t, XlaSimTensor):
+        raise expected_xla_tensor(t, "")
+    materialize([t])
+    return 0 if t._elem.is_meta else t._elem.data_ptr()
+
+
+# -- Python-built XLA computations (torch_xla.core.xla_builder) ----------------------------
+_xla_op_create_builder = op_builder.create_builder
+_xla_op_param = op_builder.parameter
+_xla_op_create = op_builder.create_op
+_xla_op_shape = op_builder.op_shape
+_xla_op_build = op_builder.build
+
+
+def _xla_op_builder(op: op_builder.XlaOp) -> op_builder.XlaBuilder:
+    return op.builder
+
+
+def _xla_op_tensor_shape(tensor: torch.Tensor, device: str = "") -> Any:
+    """The XLA shape of a tensor as a builder parameter takes it."""
+    return op_builder.shape_of(tensor)
+
+
+def _xla_user_computation(
+    opname: str, inputs: Sequence[torch.Tensor], computation: op_builder.XlaComputation
+) -> list[torch.Tensor]:
+    """Runs a built computation on XLA tensors: one IR node ``opname`` with an output per
+    element of the computation's result (its root, or each element of a root tuple)."""
+    tensors: list[XlaSimTensor] = []
+    for t in inputs:
+        if not isinstance(t, XlaSimTensor):
+            raise expected_xla_tensor(t, "")
+        tensors.append(t)
+        if t._manual is not None:
+            raise NotImplementedError(
+                f"xlasim does not run user computation {opname} on manually sharded tensors"
+            )
+    result = op_builder.evaluate(computation, [t._elem for t in tensors])
+    values = [v.contiguous() for v in op_builder.flatten(result)]
+    return list(user_computation(tensors, values, opname, computation.fingerprint))
+
+
+def _xla_computation_text(computation: op_builder.XlaComputation) -> str:
+    raise NotImplementedError(
+        "xlasim does not write HLO text for computations built with xla_builder "
+        f"({computation.name})"
+    )
+
+
+def _xla_op_computation_from_module_proto(name: str, proto: Any) -> Any:
+    raise NotImplementedError(
+        "xlasim does not load XLA computations from HloModuleProto bytes "
+        "(xla_builder.computation_from_module_proto)"
+    )
 
 
 # -- metrics ---------------------------------------------------------------------------

@@ -47,11 +47,11 @@ def device_count() -> int:
 def sync(wait: bool = False, reset_scope: bool = True) -> None:
     """Launches all pending graph operations, then runs step closures.
 
-    Simulated execution finishes before this returns, so ``wait`` changes nothing, and the
-    simulator keeps no IR scopes to reset.
+    Simulated execution finishes before this returns, so ``wait`` changes nothing. With
+    ``reset_scope`` a profiler scope still open here is an error.
     """
     # Through the pybind entry point, as torch_xla does: a failed compile raises its error type.
-    _XLAC._xla_step_marker()
+    _XLAC._xla_step_marker(reset_scope=reset_scope)
     xm._run_step_closures()
 
 

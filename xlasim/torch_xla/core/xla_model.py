@@ -793,6 +793,27 @@ def broadcast_master_param(model: torch.nn.Module) -> None:
     torch_xla.sync()
 
 
+class ToXlaTensorArena:
+    """Converts, in one ``convert_fn`` call, every object ``select_fn`` picks anywhere in a nest
+    of containers and objects (``xu.for_each_instance``), then rebuilds the nest around the
+    results (``xu.for_each_instance_rewrite``: tuples come back as lists)."""
+
+    def __init__(
+        self,
+        convert_fn: Callable[[list[torch.Tensor]], list[torch.Tensor]],
+        select_fn: Callable[[torch.Tensor], bool],
+    ) -> None:
+        self._convert_fn = convert_fn
+        self._select_fn = select_fn
+
+    def transform(self, inputs: Any) -> Any:
+        found: list[Any] = []
+        xu.for_each_instance(inputs, self._select_fn, found.append)
+        converted = self._convert_fn(found) if found else []
+        by_id = {id(t): c for t, c in zip(found, converted, strict=True)}
+        return xu.for_each_instance_rewrite(inputs, self._select_fn, lambda t: by_id[id(t)])
+
+
 def _input_shardings(tensors: list[torch.Tensor], input_sharding: Any) -> list[Any] | None:
     """Each tensor's XlaShardingSpec (None where the spec does not fit it), or None."""
     if not input_sharding:

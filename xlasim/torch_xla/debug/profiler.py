@@ -16,6 +16,8 @@ from typing import Any
 import torch_xla
 import torch_xla.core.xla_model as xm
 
+from xlasim.runtime import ir_scopes
+
 _TRACER_MARKED_STEP = False
 
 
@@ -87,11 +89,21 @@ class Trace:
     def __init__(self, name: str, **kwargs: Any) -> None:
         self.name = name
         self.metadata = kwargs
+        self._scoped = False
 
     def __enter__(self) -> None:  # torch_xla's gives no value to ``as`` either
+        # The trace is also an IR scope: a step barrier inside it is an error.
+        ir_scopes.push(self.name)
+        self._scoped = True
         return None
 
+    def _close_scope(self) -> None:
+        if self._scoped:
+            self._scoped = False
+            ir_scopes.pop()
+
     def __exit__(self, *exc_info: Any) -> None:
+        self._close_scope()
         return None
 
 
@@ -100,8 +112,10 @@ class StepTrace(Trace):
 
     def __enter__(self) -> None:
         set_tracer_marked_step(True)
+        super().__enter__()
 
     def __exit__(self, *exc_info: Any) -> None:
+        self._close_scope()  # closed before the step's barrier, which needs no open scope
         torch_xla.sync()
 
 

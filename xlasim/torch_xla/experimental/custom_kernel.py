@@ -478,10 +478,12 @@ def repeat_with_fixed_output_size(
     ``total_repeat_length`` values. Plain tensor ops in torch_xla too, so computed here."""
     assert input.dim() == 1
     assert repeats.dim() == 1
-    # Output position p takes the first element whose repeats end after p.
+    # Output position p takes the first element whose repeats end after p: its index is the
+    # count of elements ending at or before p. Counted with a comparison and a sum, ops
+    # torch_xla lowers (searchsorted would be a CPU fallback, which torch_xla's has none of).
     ends = torch.cumsum(repeats, dim=0)
     positions = torch.arange(total_repeat_length, device=input.device, dtype=ends.dtype)
-    index = torch.searchsorted(ends, positions, right=True)
+    index = (ends.unsqueeze(0) <= positions.unsqueeze(1)).sum(dim=1)
     index = torch.clamp(index, max=input.shape[0] - 1)
     return torch.gather(input, 0, index)
 

@@ -194,7 +194,10 @@ def for_each_instance_rewrite(
         elif isinstance(item, dict):
             result = done[id(item)] = {}
             for k, v in item.items():
-                result[rewrite(k)] = rewrite(v)
+                # The key first, as for_each_instance visits them (an assignment would
+                # evaluate the value before its subscript).
+                key = rewrite(k)
+                result[key] = rewrite(v)
         elif isinstance(item, set):
             result = done[id(item)] = set()
             result.update(rewrite(x) for x in item)

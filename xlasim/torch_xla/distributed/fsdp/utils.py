@@ -1,4 +1,5 @@
-"""``checkpoint_module``: activation checkpointing of a module's forward."""
+"""``checkpoint_module``: activation checkpointing of a module's forward; and the
+``nn.Linear`` forward patch whose backward uses the weight parameter itself."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch
 import torch_xla.core.xla_model as xm
 from torch import nn
 
-__all__ = ["checkpoint_module"]
+__all__ = ["XLAPatchedLinear", "apply_xla_patch_to_nn_linear", "checkpoint_module"]
 
 
 class _Recompute(torch.autograd.Function):
@@ -85,4 +86,61 @@ def checkpoint_module(module: nn.Module) -> nn.Module:
 
     module._xla_checkpointed_forward_original = original  # type: ignore[assignment]
     module.forward = MethodType(forward, module)
+    return module
+
+
+class XLAPatchedLinear(torch.autograd.Function):
+    """``F.linear`` with its backward written out over the weight parameter it was given (not
+    over a transposed copy autograd would keep), so a freed full parameter is not held."""
+
+    @staticmethod
+    def forward(ctx: Any, input: Any, weight: Any, bias: Any = None) -> Any:  # noqa: A002
+        ctx.save_for_backward(input, weight, bias)
+        with torch.no_grad():
+            return torch._C._nn.linear(input, weight, bias)
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: Any) -> Any:
+        x, weight, bias = ctx.saved_tensors
+        # Leading dims are batch dims: flatten them so each gradient is one matmul.
+        x2 = x.flatten(0, -2) if x.dim() > 2 else x
+        g2 = grad_output.flatten(0, -2) if x.dim() > 2 else grad_output
+        grad_input = grad_weight = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            grad_input = g2.mm(weight)
+            if x.dim() > 2:
+                grad_input = grad_input.view(*x.shape[:-1], grad_input.shape[-1])
+        if ctx.needs_input_grad[1]:
+            grad_weight = g2.t().mm(x2)
+        if bias is not None and ctx.needs_input_grad[2]:
+            grad_bias = g2.sum(0)
+        return grad_input, grad_weight, grad_bias
+
+
+def _xla_patched_nn_linear_forward(m: nn.Module, input: Any) -> Any:  # noqa: A002
+    return XLAPatchedLinear.apply(input, m.weight, m.bias)
+
+
+def apply_xla_patch_to_nn_linear(
+    module: nn.Module, patched_function: Any = _xla_patched_nn_linear_forward
+) -> nn.Module:
+    """Makes every ``nn.Linear`` in ``module`` (itself included) run ``patched_function`` as
+    its forward, and returns ``module``.
+
+    Only a forward that is still ``nn.Linear.forward`` is replaced (one changed by other means
+    is left alone); the original stays as ``_nn_linear_forward_original``. A layer wrapped by
+    ``checkpoint_module`` gets the patch on the forward it recomputes.
+    """
+
+    def patch(m: nn.Module, attr: str) -> None:
+        current = getattr(m, attr, None)
+        if current is None or getattr(current, "__func__", None) is not nn.Linear.forward:
+            return
+        m._nn_linear_forward_original = current
+        setattr(m, attr, MethodType(patched_function, m))
+
+    for m in module.modules():
+        if isinstance(m, nn.Linear):
+            patch(m, "forward")
+            patch(m, "_xla_checkpointed_forward_original")
     return module
