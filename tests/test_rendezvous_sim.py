@@ -28,3 +28,31 @@ def test_xla_init_method_on_the_cpu_client_meets_on_localhost(monkeypatch):
         assert (rank, world) == (xr.global_ordinal(), xr.world_size())
         store.set("key", "value")
         assert store.get("key") == b"value"
+
+
+def _count_call(ordinal: int, calls: list[int]) -> None:
+    calls.append(ordinal)
+
+
+def test_spawn_threads_on_a_one_device_cpu_client(monkeypatch):
+    # torch_xla 2.9's pjrt.spawn_threads: fn(ordinal, *args) once per addressable device of
+    # this process, returning None (its source); upstream's test_ddp.py calls it on the CPU CI.
+    monkeypatch.setenv("PJRT_DEVICE", "CPU")
+    monkeypatch.setenv("CPU_NUM_DEVICES", "1")
+    with xlasim.simulate("2x2x1", "v4"):
+        import torch_xla.runtime as xr
+        from torch_xla._internal import pjrt
+
+        xr.set_device_type("CPU")
+        calls: list[int] = []
+        assert pjrt.spawn_threads(_count_call, args=(calls,)) is None
+        assert calls == [0]
+
+
+def test_spawn_threads_on_a_tpu_host_names_what_is_not_simulated():
+    # a v4 host's process addresses its 4 chips: one thread each is not simulated
+    with xlasim.simulate("2x2x1", "v4"):
+        from torch_xla._internal import pjrt
+
+        with pytest.raises(NotImplementedError, match="one thread per device"):
+            pjrt.spawn_threads(_count_call, args=([],))
