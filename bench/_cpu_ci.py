@@ -90,7 +90,15 @@ def run_side(entry: Entry, side: str, args: argparse.Namespace) -> dict:
         note = f"missing: {path} is not in the test dir's copy"
         return {"outcomes": {}, "first_lines": {}, "note": note, "rc": None, "wall_s": 0.0}
     if entry.kind == PYTEST:
-        argv = ["-m", "pytest", *PYTEST_ARGS, f"--junitxml={junit}", path.name]
+        target = f"{path.name}::{entry.case}" if entry.case else path.name
+        pytest_args = [*PYTEST_ARGS, f"--junitxml={junit}", target]
+        argv = ["-m", "pytest", *pytest_args]
+        flags = file_flags(entry.args)
+        if flags:
+            # the file reads its own flags from sys.argv at import (``--test_autocast``):
+            # pytest gets its arguments directly and the file sees the ones the script gave it
+            code = f"import sys, pytest; sys.argv = {[path.name, *flags]!r}; "
+            argv = ["-c", code + f"raise SystemExit(pytest.main({pytest_args!r}))"]
     else:
         argv = [path.name, *entry.args]
     run_env = private_paths(entry.env, folder / f"{slug}.tmp")
@@ -121,6 +129,12 @@ def run_side(entry: Entry, side: str, args: argparse.Namespace) -> dict:
         run = {"outcomes": parsed.outcomes, "first_lines": parsed.first_lines, "note": parsed.note}
     run.update(rc=rc, wall_s=wall)
     return run
+
+
+def file_flags(args: list[str]) -> list[str]:
+    """The arguments a script gives a pytest-run file that the file itself reads; unittest's
+    verbosity flags change no test."""
+    return [a for a in args if a != "-v" and not a.startswith("--verbosity")]
 
 
 def select(entries: list[Entry], args: argparse.Namespace) -> list[Entry]:
