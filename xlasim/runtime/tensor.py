@@ -208,6 +208,20 @@ class XlaSimTensor(torch.Tensor):
 
     __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
 
+    @property
+    def data(self) -> torch.Tensor:
+        return _TENSOR_DATA.__get__(self)
+
+    @data.setter
+    def data(self, value: torch.Tensor) -> None:
+        # torch's setter swaps only the C++ metadata (dtype, shape); the value lives in this
+        # wrapper's slots. torch_xla's tensor then holds the new tensor's device data, so the
+        # wrapper takes the new value as an alias of it (``Module.to(dtype)`` sets
+        # ``param.data`` to the converted tensor this way).
+        _TENSOR_DATA.__set__(self, value)
+        if type(value) is XlaSimTensor and value is not self:
+            _take_value(self, value)
+
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # type: ignore[override]
         if len(types) > 1 and any(not issubclass(t, XlaSimTensor) for t in types):
@@ -257,6 +271,40 @@ _METADATA: dict[Any, bool | None] = {
     aten.is_strides_like_format.default: None,
     aten.is_non_overlapping_and_dense.default: None,
 }
+
+
+_TENSOR_DATA = torch._C.TensorBase.data
+
+
+def _take_value(dst: XlaSimTensor, src: XlaSimTensor) -> None:
+    """``dst.data = src``: ``dst`` now holds ``src``'s value (its IR value, buffer and state)."""
+    note_write(dst)
+    for slot in _VALUE_SLOTS:
+        setattr(dst, slot, getattr(src, slot))
+    if src._node is not None:
+        _runtime.current().graphs.pending.append(weakref.ref(dst))
+
+
+# What a tensor's value is: every slot but its creation order ``_seq`` (``_leaf`` caches
+# the value's shape and dtype as a graph input).
+_VALUE_SLOTS = (
+    "_elem",
+    "_leaf",
+    "_node",
+    "_sharding",
+    "_aliased",
+    "_on_host",
+    "_uploaded_at",
+    "_moved_at",
+    "_computed",
+    "_spec_on_ir",
+    "_device",
+    "_rt",
+    "_buf",
+    "_manual",
+    "_copied",
+    "_slice_root",
+)
 
 
 def _identity(info: _OpInfo, src: XlaSimTensor, kwargs: Any = None) -> XlaSimTensor:
