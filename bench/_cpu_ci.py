@@ -91,7 +91,8 @@ def run_side(entry: Entry, side: str, args: argparse.Namespace) -> dict:
         return {"outcomes": {}, "first_lines": {}, "note": note, "rc": None, "wall_s": 0.0}
     if entry.kind == PYTEST:
         target = f"{path.name}::{entry.case}" if entry.case else path.name
-        pytest_args = [*PYTEST_ARGS, f"--junitxml={junit}", target]
+        plugins = [a for name in getattr(args, "pytest_plugins", ()) for a in ("-p", name)]
+        pytest_args = [*PYTEST_ARGS, *plugins, f"--junitxml={junit}", target]
         argv = ["-m", "pytest", *pytest_args]
         flags = file_flags(entry.args)
         if flags:
@@ -106,7 +107,8 @@ def run_side(entry: Entry, side: str, args: argparse.Namespace) -> dict:
     # sub-folders; the side's own PYTHONPATH (e.g. the xlasim checkout) comes first
     side_env = args.real_env if side == "real" else args.sim_env
     own = side_env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
-    run_env["PYTHONPATH"] = os.pathsep.join(p for p in (own, str(args.test_dir)) if p)
+    helpers = str(Path(__file__).parent) if getattr(args, "pytest_plugins", ()) else ""
+    run_env["PYTHONPATH"] = os.pathsep.join(p for p in (own, str(args.test_dir), helpers) if p)
     cmd, env = side_command(side, args, argv, run_env)
     start = time.monotonic()
     rc = run_bounded(cmd, env=env, cwd=path.parent, log=log, timeout=args.timeout, nice=args.nice)

@@ -158,6 +158,8 @@ def add_options(parser: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     script = args.tpu_ci.resolve()
     args.test_dir = script.parent.parent  # the scripts live in test/tpu/
+    # the CI runs ``python3 FILE``, whose absltest.main() parses absl's flags (see the plugin)
+    args.pytest_plugins = ("_absl_flags",)
     version = tpu_version(args.accelerator)
     entries = select(
         trace(script, test_dir=args.test_dir, script_args=(), tpu_version=version), args

@@ -273,7 +273,7 @@ _METADATA: dict[Any, bool | None] = {
 }
 
 
-_TENSOR_DATA = torch._C.TensorBase.data
+_TENSOR_DATA: Any = torch._C.TensorBase.data  # the C getset descriptor
 
 
 def _take_value(dst: XlaSimTensor, src: XlaSimTensor) -> None:
