@@ -3,6 +3,7 @@ into the outcomes their tables count; these tests feed them hand-written reports
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import sys
 from pathlib import Path
@@ -428,3 +429,16 @@ def test_tpu_ci_summary_counts_collected_tests_and_unsimulated_failures(ci) -> N
         "exit status N": 1,
         "[not run] collection error: ImportError: y": 1,
     }
+
+
+def test_absl_flags_plugin_parses_flags_as_absltest_main_would(ci) -> None:
+    # absltest.main() parses absl's flags before any test runs; pytest does not, and the
+    # --tpu-ci runs load this plugin so a test reading --test_tmpdir works as under the CI
+    flags = pytest.importorskip("absl.flags")
+    sys.path.insert(0, str(BENCH))
+    try:
+        plugin = importlib.import_module("_absl_flags")
+    finally:
+        sys.path.remove(str(BENCH))
+    plugin.pytest_configure(None)
+    assert flags.FLAGS.is_parsed()
