@@ -379,6 +379,10 @@ def test_file_flags_and_tpu_versions(ci) -> None:
     assert tpu_ci.own_port(entry, 1) is entry  # one run at a time: the CI's own environment
     port = tpu_ci.own_port(entry, 2).env["MASTER_PORT"]
     assert int(port) > 0 and entry.env == {"XLA_X": "1"}
+    assert tpu_ci.names_unsimulated("NotImplementedError: xlasim does not simulate x")
+    assert tpu_ci.names_unsimulated("xlasim.runtime.unsimulated.UnsimulatedAttribute: y")
+    assert tpu_ci.names_unsimulated("RuntimeError: xlasim does not simulate z")
+    assert not tpu_ci.names_unsimulated("AssertionError: 3 != 4")
     pinned = sys.modules["_ci_script"].Entry("t.py", {"MASTER_PORT": "12355"})
     assert tpu_ci.own_port(pinned, 2) is pinned
 

@@ -37,6 +37,7 @@ from xlasim.runtime.settings import (
     resolve_compiler,
     resolve_dry_run,
 )
+from xlasim.runtime.unsimulated import UnsimulatedModule
 
 _SURFACE_PARENT = os.path.dirname(os.path.abspath(__file__))
 _lock = threading.RLock()
@@ -114,7 +115,7 @@ class _SimFinder(importlib.abc.MetaPathFinder):
                 if _is_torch_tpu(fullname)
                 else ("torch_xla", "docs/support-matrix.md")
             )
-            raise ModuleNotFoundError(
+            raise UnsimulatedModule(
                 f"No module named {fullname!r}: xlasim does not simulate this part of "
                 f"{package} ({doc} lists what it does)",
                 name=fullname,

@@ -43,6 +43,7 @@ from xlasim.runtime.tensor import (
     replace_values,
     wrap_data,
 )
+from xlasim.runtime.unsimulated import UnsimulatedAttribute
 from xlasim.sharding import op_sharding
 from xlasim.sharding.op_sharding import (
     ProtoType,
@@ -736,4 +737,4 @@ def _sync_point_reached(step: int) -> bool:
 
 
 def __getattr__(name: str) -> Any:
-    raise AttributeError(f"xlasim does not simulate torch_xla._XLAC.{name}")
+    raise UnsimulatedAttribute(f"xlasim does not simulate torch_xla._XLAC.{name}")
