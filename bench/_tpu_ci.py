@@ -76,9 +76,24 @@ def _ended(run: dict) -> str:
     return note
 
 
-def summarize(records: dict[str, dict]) -> dict:
+_TEST_DEF = re.compile(r"^\s*def test\w*\(", re.MULTILINE)
+
+
+def tests_defined(path: Path) -> int:
+    """How many test functions a file defines (at least 1): the stand-in count for a run that
+    collected nothing (its import failed), so that a large file that cannot even be imported
+    weighs what its tests do. Parameterized tests count once."""
+    try:
+        return max(len(_TEST_DEF.findall(path.read_text(errors="replace"))), 1)
+    except OSError:
+        return 1
+
+
+def summarize(records: dict[str, dict], test_dir: Path | None = None) -> dict:
     """Per run and in total: tests collected, passed, skipped and failed on the simulator, and
-    how many of the failures name what is not simulated; failures by kind; crashes and hangs."""
+    how many of the failures name what is not simulated; failures by kind; crashes and hangs.
+    A pytest run that collected nothing counts as the tests its file defines (``test_dir``
+    given) or as one test, all failed with the run's note."""
     runs, kinds, examples, crashes = [], Counter(), {}, []
     totals = Counter()
     for key, rec in sorted(records.items()):
@@ -94,22 +109,25 @@ def summarize(records: dict[str, dict]) -> dict:
             if o != PASSED and o not in _SKIPS
         }
         ended = _ended(sim)
-        if not outcomes:  # nothing collected: the run itself is the one failure
+        weight = 1
+        if not outcomes:  # nothing collected: the run itself fails, as all its tests
             failures = {"<run>": f"[not run] {ended or sim['note'] or 'nothing collected'}"}
+            if test_dir is not None and rec.get("kind") != "program":
+                weight = tests_defined(test_dir / rec["file"])
         for test, line in failures.items():
             kind = failure_kind(line)
-            kinds[kind] += 1
+            kinds[kind] += weight
             examples.setdefault(kind, f"{key}::{test}")
         if ended.startswith(("crashed", "time bound")):
             crashes.append(f"{key}: {ended}")
-        unsimulated = sum(names_unsimulated(line) for line in failures.values())
+        unsimulated = weight * sum(names_unsimulated(line) for line in failures.values())
         row = {
             "run": key,
             "group": rec["group"],
-            "collected": max(len(outcomes), 1),
+            "collected": max(len(outcomes), weight),
             "passed": len(passed),
             "skipped": len(skipped),
-            "failed": len(failures),
+            "failed": weight * len(failures),
             "not_simulated": unsimulated,
             "wall_s": sim["wall_s"],
             "note": sim["note"],
@@ -129,18 +147,18 @@ def summarize(records: dict[str, dict]) -> dict:
 
 
 def print_report(summary: dict, top: int) -> None:
-    print(f"{'run':70} {'coll':>5} {'pass':>5} {'skip':>5} {'fail':>5} {'NIE':>4} {'s':>6}")
+    print(f"{'run':70} {'coll':>5} {'pass':>5} {'skip':>5} {'fail':>5} {'unsim':>5} {'s':>6}")
     for r in summary["runs"]:
         print(
             f"{r['run'][:70]:70} {r['collected']:>5} {r['passed']:>5} {r['skipped']:>5} "
-            f"{r['failed']:>5} {r['not_simulated']:>4} {r['wall_s'] or '-':>6}"
+            f"{r['failed']:>5} {r['not_simulated']:>5} {r['wall_s'] or '-':>6}"
         )
     t = summary["total"]
     share = 100.0 * t["passed"] / t["collected"] if t["collected"] else 0.0
     print(
         f"TOTAL {t['runs']} runs: {t['passed']} of {t['collected']} collected tests pass "
         f"({share:.1f}%), {t['skipped']} skipped, {t['failed']} fail "
-        f"({t['not_simulated']} with NotImplementedError)"
+        f"({t['not_simulated']} naming what is not simulated)"
     )
     print(
         f"\nsimulator failures by first error line (top {top} of {len(summary['failure_kinds'])}):"
@@ -198,7 +216,7 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                     file=sys.stderr,
                     flush=True,
                 )
-    summary = summarize(results.data["entries"])
+    summary = summarize(results.data["entries"], args.test_dir)
     print_report(summary, args.top)
     summary_path = args.json.with_name(args.json.stem + "-summary.json")
     summary_path.write_text(json.dumps(summary, indent=1))

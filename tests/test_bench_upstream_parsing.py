@@ -387,8 +387,11 @@ def test_file_flags_and_tpu_versions(ci) -> None:
     assert tpu_ci.own_port(pinned, 2) is pinned
 
 
-def test_tpu_ci_summary_counts_collected_tests_and_unsimulated_failures(ci) -> None:
+def test_tpu_ci_summary_counts_collected_tests_and_unsimulated_failures(ci, tmp_path) -> None:
     tpu_ci = sys.modules["_tpu_ci"]
+    (tmp_path / "test_b.py").write_text(
+        "class B:\n  def test_1(self): ...\n  def test_2(self): ...\n\ndef test_3(): ...\n"
+    )
 
     def sim(outcomes, lines=None, note="", rc=0):
         return {"outcomes": outcomes, "first_lines": lines or {}, "note": note, "rc": rc,
@@ -402,7 +405,12 @@ def test_tpu_ci_summary_counts_collected_tests_and_unsimulated_failures(ci) -> N
                 {"A::ni": "NotImplementedError: xlasim does not simulate x", "A::bad": "E 3"},
             ),
         },
-        "test_b.py": {"group": "ops", "sim": sim({}, note="collection error: ImportError: y")},
+        "test_b.py": {
+            "group": "ops",
+            "file": "test_b.py",
+            "kind": "pytest",
+            "sim": sim({}, note="collection error: ImportError: y"),
+        },
         "test_m.py": {
             "group": "mp scripts",
             "sim": sim(
@@ -415,6 +423,13 @@ def test_tpu_ci_summary_counts_collected_tests_and_unsimulated_failures(ci) -> N
         "test_c.py": {"group": "ops"},  # not run yet
     }
     summary = tpu_ci.summarize(records)
+    weighed = tpu_ci.summarize(records, tmp_path)
+    assert weighed["total"]["collected"] == 8  # test_b.py defines 3 tests
+    assert weighed["failure_kinds"][0] == {
+        "count": 3,
+        "kind": "[not run] collection error: ImportError: y",
+        "example": "test_b.py::<run>",
+    }
     assert summary["total"] == {
         "runs": 3,
         "collected": 6,  # a run that collected nothing counts as one test
