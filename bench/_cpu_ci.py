@@ -35,7 +35,7 @@ from pathlib import Path
 
 # this folder's helper modules (the script's own dir is on sys.path)
 from _ci_script import PROGRAM, PYTEST, Entry, trace
-from _pytest_reports import PASSED, PYTEST_ARGS, parse_junit, parse_verbose
+from _pytest_reports import PASSED, PYTEST_ARGS, FileRun, merge, parse_junit, parse_verbose
 from _upstream_run import run_bounded, side_command
 from upstream_examples import parse_output
 
@@ -89,7 +89,18 @@ def run_side(entry: Entry, side: str, args: argparse.Namespace) -> dict:
     if not path.exists():
         note = f"missing: {path} is not in the test dir's copy"
         return {"outcomes": {}, "first_lines": {}, "note": note, "rc": None, "wall_s": 0.0}
-    if entry.kind == PYTEST:
+    record = folder / f"{slug}.jsonl"
+    as_script = getattr(args, "as_script", False) and entry.kind == PYTEST
+    if as_script:
+        # as the CI script runs it; each test's outcome is recorded as it is reported
+        record.unlink(missing_ok=True)
+        runner = str(Path(__file__).with_name("_unittest_record.py"))
+        if entry.case:
+            module = Path(entry.file).stem
+            argv = [runner, "-m", "unittest", f"{module}.{entry.case.replace('::', '.')}"]
+        else:
+            argv = [runner, path.name, *entry.args]
+    elif entry.kind == PYTEST:
         target = f"{path.name}::{entry.case}" if entry.case else path.name
         plugins = [a for name in getattr(args, "pytest_plugins", ()) for a in ("-p", name)]
         pytest_args = [*PYTEST_ARGS, *plugins, f"--junitxml={junit}", target]
@@ -103,6 +114,8 @@ def run_side(entry: Entry, side: str, args: argparse.Namespace) -> dict:
     else:
         argv = [path.name, *entry.args]
     run_env = private_paths(entry.env, folder / f"{slug}.tmp")
+    if as_script:
+        run_env["UNITTEST_RECORD"] = str(record)
     # the script's files import the test dir's helpers (args_parse, distributed_util) from
     # sub-folders; the side's own PYTHONPATH (e.g. the xlasim checkout) comes first
     side_env = args.real_env if side == "real" else args.sim_env
@@ -115,7 +128,15 @@ def run_side(entry: Entry, side: str, args: argparse.Namespace) -> dict:
     wall = round(time.monotonic() - start, 1)
     output = log.read_text(errors="replace")
     ended = _how_it_ended(rc, args.timeout)
-    if entry.kind == PROGRAM:
+    if as_script:
+        parsed = parse_record(record.read_text() if record.exists() else "")
+        if not parsed.outcomes and not parsed.note:
+            error = parse_output(output, rc, args.timeout).error
+            parsed.note = ended or f"no test reported (exit {rc}): {error or _last(output)}"
+        elif ended:
+            parsed.note = ended
+        run = {"outcomes": parsed.outcomes, "first_lines": parsed.first_lines, "note": parsed.note}
+    elif entry.kind == PROGRAM:
         error = parse_output(output, rc, args.timeout).error
         outcome = PASSED if rc == 0 else "failed"
         lines = {} if rc == 0 else {PROGRAM_TEST: error or ended or f"exit status {rc}"}
@@ -131,6 +152,27 @@ def run_side(entry: Entry, side: str, args: argparse.Namespace) -> dict:
         run = {"outcomes": parsed.outcomes, "first_lines": parsed.first_lines, "note": parsed.note}
     run.update(rc=rc, wall_s=wall)
     return run
+
+
+def parse_record(text: str) -> FileRun:
+    """Outcomes from ``_unittest_record``'s lines (the worst one of a test wins); a failure
+    outside any test (``<run>``: the file did not import) becomes the run's note."""
+    run = FileRun()
+    for line in text.splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:  # a line cut short by a kill
+            continue
+        if event["test"] == "<run>":
+            run.note = f"collection error: {event['line']}"
+            continue
+        merge(run, event["test"], event["outcome"], event["line"])
+    return run
+
+
+def _last(output: str) -> str:
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    return lines[-1] if lines else "(no output)"
 
 
 def file_flags(args: list[str]) -> list[str]:

@@ -7,15 +7,19 @@ The runs come from ``_ci_script.trace`` as for ``--cpu-ci``; the script's ``pyth
 torch_xla._internal.tpu.version()'`` is told the simulated generation (``--accelerator v4``:
 4), so a script that picks runs by generation picks what it would on that TPU VM. Each run is
 
-  SIM_PY -m xlasim run --accelerator ACC --topology TOPO -- SIM_PY -m pytest ... FILE
+  SIM_PY -m xlasim run --accelerator ACC --topology TOPO -- SIM_PY _unittest_record.py FILE ARGS
 
-with the script's environment around it and no ``PJRT_DEVICE`` (TPU mode, as on the VM). A
-program (a file with no test cases, or one whose tests run in spawned workers) is one test,
-``<program>``, that passes when it exits 0. Results go to ``--json`` as each run finishes; a
-later call with the same file skips the runs it holds. The report: a per-run table (collected,
-passed, skipped, failed; how many failures raise NotImplementedError, the simulator's way of
-saying what it does not simulate), totals, failures grouped by their first error line, and every
-run that crashed or hung.
+with the script's environment around it and no ``PJRT_DEVICE`` (TPU mode, as on the VM): the
+file runs as ``python3 FILE ARGS`` would, its ``__main__`` block included (upstream files turn
+on SPMD, set a global mesh or the mat-mul precision there), and each test's outcome is recorded
+as the file's unittest runner reports it (``--via-pytest``: pytest runs the file instead, as
+``--cpu-ci`` does). A program (a file with no test cases, or one whose tests run in spawned
+workers) is one test, ``<program>``, that passes when it exits 0.
+
+Results go to ``--json`` as each run finishes; a later call with the same file skips the runs
+it holds. The report: a per-run table (collected, passed, skipped, failed; how many failures
+name what the simulator does not simulate), totals, failures grouped by their first error line,
+and every run that crashed or hung.
 """
 
 from __future__ import annotations
@@ -177,12 +181,20 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         metavar="SCRIPT",
         help="run every file one of pytorch/xla's TPU CI scripts runs, on the simulator only",
     )
+    parser.add_argument(
+        "--via-pytest",
+        action="store_true",
+        help="--tpu-ci: run test files with pytest instead of as the script does (python FILE)",
+    )
 
 
 def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     script = args.tpu_ci.resolve()
     args.test_dir = script.parent.parent  # the scripts live in test/tpu/
-    # the CI runs ``python3 FILE``, whose absltest.main() parses absl's flags (see the plugin)
+    # As the script runs them: ``python3 FILE ARGS``, the file's ``__main__`` block included,
+    # each test's outcome recorded (_unittest_record.py). With --via-pytest, pytest runs the
+    # file, with absl's flags parsed as the absltest.main() it skips would (see the plugin).
+    args.as_script = not args.via_pytest
     args.pytest_plugins = ("_absl_flags",)
     version = tpu_version(args.accelerator)
     entries = select(

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -461,3 +463,68 @@ def test_absl_flags_plugin_parses_flags_as_absltest_main_would(ci) -> None:
         sys.path.remove(str(BENCH))
     plugin.pytest_configure(None)
     assert flags.FLAGS.is_parsed()
+
+
+UNITTEST_FILE = """\
+import sys
+import unittest
+
+SETUP = []
+
+
+class AlphaTest(unittest.TestCase):
+    def test_ok(self):
+        self.assertEqual(SETUP, ["main"])  # what the __main__ block set up
+
+    def test_bad(self):
+        raise NotImplementedError("xlasim does not simulate x\\nmore")
+
+    def test_fail(self):
+        self.assertEqual(1, 2)
+
+    @unittest.skip("needs more")
+    def test_skip(self):
+        pass
+
+    def test_sub(self):
+        for i in range(2):
+            with self.subTest(i=i):
+                self.assertEqual(i, 0)
+
+
+if __name__ == "__main__":
+    SETUP.append("main")
+    assert sys.argv[1:] == ["--flag"]
+    unittest.main(argv=sys.argv[:1])
+"""
+
+
+def test_unittest_record_runs_the_main_block_and_records_each_test(ci, tmp_path) -> None:
+    _, cpu_ci = ci
+    (tmp_path / "test_u.py").write_text(UNITTEST_FILE)
+    (tmp_path / "test_broken.py").write_text("raise ImportError('no such thing')\n")
+    runner = str(BENCH / "_unittest_record.py")
+    runs = {}
+    for name, argv in (("u", ["test_u.py", "--flag"]), ("broken", ["test_broken.py"])):
+        record = tmp_path / f"{name}.jsonl"
+        env = {**os.environ, "UNITTEST_RECORD": str(record)}
+        subprocess.run([sys.executable, runner, *argv], cwd=tmp_path, env=env, check=False,
+                       capture_output=True, timeout=120)  # fmt: skip
+        runs[name] = cpu_ci.parse_record(record.read_text())
+    assert runs["u"].outcomes == {
+        "AlphaTest::test_ok": "passed",
+        "AlphaTest::test_bad": "error",
+        "AlphaTest::test_fail": "failed",
+        "AlphaTest::test_skip": "skipped",
+        "AlphaTest::test_sub": "failed",
+    }
+    assert runs["u"].first_lines["AlphaTest::test_bad"] == (
+        "NotImplementedError: xlasim does not simulate x"
+    )
+    assert runs["u"].first_lines["AlphaTest::test_fail"] == "AssertionError: 1 != 2"
+    assert runs["broken"].outcomes == {}
+    assert runs["broken"].note == "collection error: ImportError: no such thing"
+    # a line cut short by a kill is left out
+    assert cpu_ci.parse_record(
+        '{"test": "A::b", "outcome": "passed", "line": ""}\n{"te'
+    ).outcomes == {"A::b": "passed"}
