@@ -115,10 +115,12 @@ class _SimFinder(importlib.abc.MetaPathFinder):
                 if _is_torch_tpu(fullname)
                 else ("torch_xla", "docs/support-matrix.md")
             )
+            # No ``name``: ``from torch_xla.x import module`` drops a ModuleNotFoundError
+            # that names the module it imports and says only "cannot import name"; without it
+            # the error that says what is not simulated reaches the program.
             raise UnsimulatedModule(
                 f"No module named {fullname!r}: xlasim does not simulate this part of "
-                f"{package} ({doc} lists what it does)",
-                name=fullname,
+                f"{package} ({doc} lists what it does)"
             )
         return spec
 
