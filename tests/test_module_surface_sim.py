@@ -57,3 +57,18 @@ def test_scan_layers_caches_the_step_of_pure_layers_only():
         for layer in layers:
             expected = layer(expected)
         torch.testing.assert_close(out.cpu(), expected.cpu())
+
+
+def test_runtime_device_attributes_are_the_devices_own():
+    # upstream's pjrt/test_runtime_tpu.py: a device's attributes are coords, core_on_chip and
+    # num_cores; the global list adds each device's name (real torch_xla 2.9 on CPU: {} and
+    # [{'name': 'CPU:0'}])
+    with xlasim.simulate("2x2x1", "v4"):
+        import torch_xla
+        import torch_xla.runtime as xr
+
+        own = xr.runtime_device_attributes(str(torch_xla.device()))
+        assert sorted(own) == ["coords", "core_on_chip", "num_cores"]
+        everyone = xr.global_runtime_device_attributes()
+        assert sorted(everyone[0]) == ["coords", "core_on_chip", "name", "num_cores"]
+        assert xr.runtime_device_attributes("TPU:2")["coords"] == everyone[2]["coords"]

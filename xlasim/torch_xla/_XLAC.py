@@ -131,8 +131,16 @@ def _xla_device_kind(device: str) -> str:
 
 
 def _xla_get_device_attributes(device: str) -> dict[str, object]:
-    index = int(str(device).rpartition(":")[2])
-    return _xla_get_all_device_attributes()[index]
+    """The PJRT device's own attributes: ``TPU:N`` is the slice's device N, this process's
+    ``xla:N`` its N-th addressable one; the device's name is not among them (the global list
+    adds it)."""
+    kind, _, number = str(device).rpartition(":")
+    global_id = int(number)
+    if kind.lower() == "xla":
+        global_id = _rt().addressable_device_ids()[global_id]
+    attributes = dict(_xla_get_all_device_attributes()[global_id])
+    attributes.pop("name", None)
+    return attributes
 
 
 def _xla_get_all_device_attributes() -> list[dict[str, object]]:
