@@ -5,6 +5,7 @@ module aliases its package exposes (``torch_xla.xm`` ...), ``xm.fork_rng``, and
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import xlasim
@@ -72,3 +73,20 @@ def test_runtime_device_attributes_are_the_devices_own():
         everyone = xr.global_runtime_device_attributes()
         assert sorted(everyone[0]) == ["coords", "core_on_chip", "name", "num_cores"]
         assert xr.runtime_device_attributes("TPU:2")["coords"] == everyone[2]["coords"]
+
+
+def test_scan_module_helpers_and_what_it_does_not_trace():
+    # torch_xla 2.9's scan module (its source): tree_flatten_none drops None leaves and puts
+    # them back; value_and_grad_partitioned and the graph cache need its tracing
+    with xlasim.simulate("2x2x1", "v4"):
+        import torch_xla.experimental.scan as scan_module
+
+        tree = {"a": 1, "b": None, "c": (2, None, 3)}
+        flat, unflatten = scan_module.tree_flatten_none(tree)
+        assert flat == [1, 2, 3]
+        assert unflatten([10, 20, 30]) == {"a": 10, "b": None, "c": (20, None, 30)}
+        scan_module._SCAN_COMPUTATION_CACHE.clear()  # upstream's tests clear it in setUp
+        with pytest.raises(NotImplementedError, match="_SCAN_COMPUTATION_CACHE"):
+            len(scan_module._SCAN_COMPUTATION_CACHE)
+        with pytest.raises(NotImplementedError, match="value_and_grad_partitioned"):
+            scan_module.value_and_grad_partitioned(lambda c, x: (c, x), None, None)
