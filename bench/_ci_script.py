@@ -30,8 +30,23 @@ _RECORDER = """\
 import json, os, sys
 args = sys.argv[1:]
 if args[:1] == ["-c"]:
-    print({fake!r})
+    asks_version = "tpu.version()" in " ".join(args[1:])
+    print(os.environ.get("CI_TPU_VERSION", "") if asks_version else {fake!r})
     raise SystemExit(0)
+made = os.environ["CI_TRACE_FILE"] + ".made"
+if {tool!r} == "rm":
+    # delete only what the recorder made below: the script's clean-up of a run's output file
+    mine = open(made).read().split("\\n") if os.path.exists(made) else []
+    for arg in args:
+        if arg in mine and os.path.exists(arg):
+            os.remove(arg)
+else:
+    # the file a save-tensors run writes: the script checks it is there after the run
+    dump = os.environ.get("XLA_SAVE_TENSORS_FILE")
+    if dump and not os.path.exists(dump):
+        open(dump, "w").close()
+        with open(made, "a") as out:
+            out.write(dump + "\\n")
 with open(os.environ["CI_TRACE_FILE"], "a") as out:
     out.write(json.dumps({{"tool": {tool!r}, "argv": args, "env": dict(os.environ)}}) + "\\n")
 """
@@ -54,13 +69,19 @@ class Entry:
     env: dict[str, str] = field(default_factory=dict)
     args: list[str] = field(default_factory=list)
     kind: str = PYTEST
+    # ``Class::test`` when the script runs one test case (``python -m unittest mod.Class.test``)
+    case: str = ""
 
     @property
     def key(self) -> str:
         """Names the run among the script's runs of the same file: the file plus the variables
         that differ from the script's plain ``run_test`` (a file runs once per variant)."""
         extra = [f"{k}={v}" for k, v in sorted(self.env.items()) if k not in _COMMON]
-        return f"{self.file} [{' '.join(extra)}]" if extra else self.file
+        # flags the file itself reads (``--test_autocast``) make a variant too; ``-v`` is
+        # unittest's verbosity and changes no test
+        extra += [a for a in self.args if a != "-v" and not a.startswith("--verbosity")]
+        name = f"{self.file}::{self.case}" if self.case else self.file
+        return f"{name} [{' '.join(extra)}]" if extra else name
 
 
 # Set for every run by the script's exports and its plain ``run_test``; not part of a key.
@@ -79,10 +100,23 @@ def classify(source: str) -> str:
     return PYTEST if _HAS_TESTS.search(source) else PROGRAM
 
 
-def trace(script: Path, *, timeout: float = 60) -> list[Entry]:
-    """The runs ``script`` makes, in order, each with the environment it set for that run."""
+def trace(
+    script: Path,
+    *,
+    timeout: float = 60,
+    test_dir: Path | None = None,
+    script_args: tuple[str, ...] = ("-L",),
+    tpu_version: str = "",
+) -> list[Entry]:
+    """The runs ``script`` makes, in order, each with the environment it set for that run.
+
+    ``test_dir`` (default: the script's folder) is what the runs' files are named relative to;
+    ``script_args`` are the script's own flags (the CPU script's ``-L``: no log file; the TPU
+    scripts take none); ``tpu_version`` is what the script's ``python -c '...
+    torch_xla._internal.tpu.version()'`` is told (the TPU training script picks its runs by it).
+    """
     script = script.resolve()
-    test_dir = script.parent
+    test_dir = (test_dir or script.parent).resolve()
     with tempfile.TemporaryDirectory(prefix="ci_trace_") as tmp:
         bin_dir = Path(tmp, "bin")
         bin_dir.mkdir()
@@ -102,8 +136,10 @@ def trace(script: Path, *, timeout: float = 60) -> list[Entry]:
             # what Python's C-locale coercion would add to the recorder's own environment
             "LC_CTYPE": "C.UTF-8",
         }
+        if tpu_version:
+            base["CI_TPU_VERSION"] = tpu_version
         done = subprocess.run(
-            ["bash", str(script), "-L"],
+            ["bash", str(script), *script_args],
             env=base,
             cwd=tmp,
             capture_output=True,
@@ -119,15 +155,25 @@ def trace(script: Path, *, timeout: float = 60) -> list[Entry]:
     for rec in records:
         if rec["tool"] == "rm":
             continue
-        argv = rec["argv"]
+        argv, case = rec["argv"], ""
+        if argv[:2] == ["-m", "unittest"] and len(argv) > 2:
+            # ``python -m unittest module.Class.test`` from the folder the script cd'd to
+            module, _, case = argv[2].partition(".")
+            path = Path(rec["env"].get("PWD", str(test_dir)), f"{module}.py")
+            argv, case = [str(path), *argv[3:]], case.replace(".", "::")
         path = Path(os.path.normpath(argv[0]))
         env = {
             k: v
             for k, v in rec["env"].items()
-            if k not in _SHELL_VARS and base.get(k) != v and k != "CI_TRACE_FILE"
+            if k not in _SHELL_VARS and base.get(k) != v and k not in _TRACE_VARS
         }
         env.pop("CONTINUE_ON_ERROR", None)
         rel = os.path.relpath(path, test_dir)
         source = path.read_text(errors="replace") if path.exists() else ""
-        entries.append(Entry(rel, env, argv[1:], classify(source)))
+        kind = PYTEST if case else classify(source)
+        entries.append(Entry(rel, env, argv[1:], kind, case))
     return entries
+
+
+# The recorder's own variables, not the script's.
+_TRACE_VARS = frozenset({"CI_TRACE_FILE", "CI_TPU_VERSION"})

@@ -35,7 +35,7 @@ from pathlib import Path
 
 # this folder's helper modules (the script's own dir is on sys.path)
 from _ci_script import PROGRAM, PYTEST, Entry, trace
-from _pytest_reports import PASSED, PYTEST_ARGS, parse_junit, parse_verbose
+from _pytest_reports import PASSED, PYTEST_ARGS, FileRun, merge, parse_junit, parse_verbose
 from _upstream_run import run_bounded, side_command
 from upstream_examples import parse_output
 
@@ -89,23 +89,54 @@ def run_side(entry: Entry, side: str, args: argparse.Namespace) -> dict:
     if not path.exists():
         note = f"missing: {path} is not in the test dir's copy"
         return {"outcomes": {}, "first_lines": {}, "note": note, "rc": None, "wall_s": 0.0}
-    if entry.kind == PYTEST:
-        argv = ["-m", "pytest", *PYTEST_ARGS, f"--junitxml={junit}", path.name]
+    record = folder / f"{slug}.jsonl"
+    as_script = getattr(args, "as_script", False) and entry.kind == PYTEST
+    if as_script:
+        # as the CI script runs it; each test's outcome is recorded as it is reported
+        record.unlink(missing_ok=True)
+        runner = str(Path(__file__).with_name("_unittest_record.py"))
+        if entry.case:
+            module = Path(entry.file).stem
+            argv = [runner, "-m", "unittest", f"{module}.{entry.case.replace('::', '.')}"]
+        else:
+            argv = [runner, path.name, *entry.args]
+    elif entry.kind == PYTEST:
+        target = f"{path.name}::{entry.case}" if entry.case else path.name
+        plugins = [a for name in getattr(args, "pytest_plugins", ()) for a in ("-p", name)]
+        pytest_args = [*PYTEST_ARGS, *plugins, f"--junitxml={junit}", target]
+        argv = ["-m", "pytest", *pytest_args]
+        flags = file_flags(entry.args)
+        if flags:
+            # the file reads its own flags from sys.argv at import (``--test_autocast``):
+            # pytest gets its arguments directly and the file sees the ones the script gave it
+            code = f"import sys, pytest; sys.argv = {[path.name, *flags]!r}; "
+            argv = ["-c", code + f"raise SystemExit(pytest.main({pytest_args!r}))"]
     else:
         argv = [path.name, *entry.args]
     run_env = private_paths(entry.env, folder / f"{slug}.tmp")
+    if as_script:
+        run_env["UNITTEST_RECORD"] = str(record)
     # the script's files import the test dir's helpers (args_parse, distributed_util) from
     # sub-folders; the side's own PYTHONPATH (e.g. the xlasim checkout) comes first
     side_env = args.real_env if side == "real" else args.sim_env
     own = side_env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
-    run_env["PYTHONPATH"] = os.pathsep.join(p for p in (own, str(args.test_dir)) if p)
+    helpers = str(Path(__file__).parent) if getattr(args, "pytest_plugins", ()) else ""
+    run_env["PYTHONPATH"] = os.pathsep.join(p for p in (own, str(args.test_dir), helpers) if p)
     cmd, env = side_command(side, args, argv, run_env)
     start = time.monotonic()
     rc = run_bounded(cmd, env=env, cwd=path.parent, log=log, timeout=args.timeout, nice=args.nice)
     wall = round(time.monotonic() - start, 1)
     output = log.read_text(errors="replace")
     ended = _how_it_ended(rc, args.timeout)
-    if entry.kind == PROGRAM:
+    if as_script:
+        parsed = parse_record(record.read_text() if record.exists() else "")
+        if not parsed.outcomes and not parsed.note:
+            error = parse_output(output, rc, args.timeout).error
+            parsed.note = ended or f"no test reported (exit {rc}): {error or _last(output)}"
+        elif ended:
+            parsed.note = ended
+        run = {"outcomes": parsed.outcomes, "first_lines": parsed.first_lines, "note": parsed.note}
+    elif entry.kind == PROGRAM:
         error = parse_output(output, rc, args.timeout).error
         outcome = PASSED if rc == 0 else "failed"
         lines = {} if rc == 0 else {PROGRAM_TEST: error or ended or f"exit status {rc}"}
@@ -121,6 +152,33 @@ def run_side(entry: Entry, side: str, args: argparse.Namespace) -> dict:
         run = {"outcomes": parsed.outcomes, "first_lines": parsed.first_lines, "note": parsed.note}
     run.update(rc=rc, wall_s=wall)
     return run
+
+
+def parse_record(text: str) -> FileRun:
+    """Outcomes from ``_unittest_record``'s lines (the worst one of a test wins); a failure
+    outside any test (``<run>``: the file did not import) becomes the run's note."""
+    run = FileRun()
+    for line in text.splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:  # a line cut short by a kill
+            continue
+        if event["test"] == "<run>":
+            run.note = f"collection error: {event['line']}"
+            continue
+        merge(run, event["test"], event["outcome"], event["line"])
+    return run
+
+
+def _last(output: str) -> str:
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    return lines[-1] if lines else "(no output)"
+
+
+def file_flags(args: list[str]) -> list[str]:
+    """The arguments a script gives a pytest-run file that the file itself reads; unittest's
+    verbosity flags change no test."""
+    return [a for a in args if a != "-v" and not a.startswith("--verbosity")]
 
 
 def select(entries: list[Entry], args: argparse.Namespace) -> list[Entry]:

@@ -58,7 +58,7 @@ def _error_line(message: str | None, text: str | None) -> str:
     return e_lines[-1] if e_lines else message
 
 
-def _merge(run: FileRun, test: str, outcome: str, line: str = "") -> None:
+def merge(run: FileRun, test: str, outcome: str, line: str = "") -> None:
     old = run.outcomes.get(test)
     if old is None or _WORST.index(outcome) > _WORST.index(old):
         run.outcomes[test] = outcome
@@ -83,12 +83,12 @@ def parse_junit(xml_text: str) -> FileRun:
         tid = case_id(classname, name)
         for tag, outcome in (("failure", "failed"), ("error", "error")):
             if tag in kinds:
-                _merge(run, tid, outcome, _error_line(kinds[tag].get("message"), kinds[tag].text))
+                merge(run, tid, outcome, _error_line(kinds[tag].get("message"), kinds[tag].text))
         if "skipped" in kinds:
             kind = "xfailed" if kinds["skipped"].get("type") == "pytest.xfail" else "skipped"
-            _merge(run, tid, kind, _first_line(kinds["skipped"].get("message")))
+            merge(run, tid, kind, _first_line(kinds["skipped"].get("message")))
         if not ({"failure", "error", "skipped"} & kinds.keys()):
-            _merge(run, tid, PASSED)
+            merge(run, tid, PASSED)
     return run
 
 
@@ -98,5 +98,5 @@ def parse_verbose(output: str) -> FileRun:
     for line in output.splitlines():
         match = _VERBOSE_LINE.match(line)
         if match:
-            _merge(run, match.group(2), _VERBOSE_OUTCOME[match.group(3)])
+            merge(run, match.group(2), _VERBOSE_OUTCOME[match.group(3)])
     return run

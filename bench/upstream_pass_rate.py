@@ -21,6 +21,11 @@ test's outcome and, for each one that fails on the simulator, the first line of 
         # every run pytorch/xla's CPU CI script makes, each with the environment the script
         # gives it, on both sides; resumable (see _cpu_ci.py)
 
+    python bench/upstream_pass_rate.py --tpu-ci /path/to/xla/test/tpu/run_tests.sh \\
+        --sim-python ... --accelerator v6e --topology 2x4 --json results-v6e.json
+        # every run a TPU CI script makes, on the simulated TPU VM only (no real TPU to
+        # compare with: the denominator is the tests collected); resumable (see _tpu_ci.py)
+
 FILEs are relative to the test dir; the default is ``spmd/test_*.py test_metrics.py
 test_devices.py pjrt/test_runtime.py``. Copy the test dir somewhere writable first: pytest
 writes ``__pycache__`` next to the files.
@@ -49,6 +54,7 @@ from pathlib import Path
 
 # this folder's helper modules (the script's own dir is on sys.path)
 import _cpu_ci
+import _tpu_ci
 from _pytest_reports import PASSED, PYTEST_ARGS, FileRun, parse_junit, parse_verbose
 from _upstream_run import add_side_options, check_side_options, run_bounded, side_command
 
@@ -168,9 +174,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out-dir", type=Path, help="junit files and logs (default: a tmp dir)")
     parser.add_argument("--json", type=Path, help="write per-test outcomes here")
     _cpu_ci.add_options(parser)
+    _tpu_ci.add_options(parser)
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error(f"--jobs {args.jobs}: must be >= 1")
+    if args.tpu_ci:
+        if args.cpu_ci or args.test_dir or args.files or args.real_python or args.reuse_real:
+            parser.error(
+                "--tpu-ci runs its script's files on the simulator only: give no "
+                "--cpu-ci, test_dir, FILEs, --real-python or --reuse-real"
+            )
+        check_side_options(parser, args)
+        if args.json is None and not args.list:
+            parser.error("--tpu-ci needs --json (the results file it adds to and resumes from)")
+        logs = args.json.with_suffix(".logs") if args.json else Path(tempfile.mkdtemp())
+        args.out_dir = (args.out_dir or logs).resolve()
+        return _tpu_ci.main(args, parser)
     if args.cpu_ci:
         if args.test_dir or args.files:
             parser.error("--cpu-ci runs the files its script names: give no test_dir or FILEs")

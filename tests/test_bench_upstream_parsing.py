@@ -3,7 +3,10 @@ into the outcomes their tables count; these tests feed them hand-written reports
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -310,3 +313,218 @@ def test_ci_summary_groups_kinds_crashes_and_time(ci) -> None:
         "sim test_o.py [XLA_X=1]: crashed: killed by SIGSEGV",
     ]
     assert summary["time"] == {"real_s": 30.0, "sim_s": 45.0, "ratio": 1.5}
+
+
+# A TPU CI script as pytorch/xla's test/tpu/*.sh write them: it lives in test/tpu/, takes no
+# flags, runs single test cases with ``python -m unittest`` from the test dir, passes flags the
+# file reads itself, checks a save-tensors run left its file (under ``set -e``) and picks runs
+# by the TPU generation ``torch_xla._internal.tpu.version()`` reports.
+TPU_CI_SCRIPT = """\
+#!/bin/bash
+set -xue
+_TEST_DIR="$(dirname "$(cd "$(dirname "$0")"; pwd -P)")"
+(cd $_TEST_DIR && python3 -m unittest test_alpha.AlphaTest.test_a)
+python3 "$_TEST_DIR/test_alpha.py" -v
+python3 "$_TEST_DIR/test_alpha.py" --test_flag
+XLA_SAVE_TENSORS_FILE=$_TEST_DIR/saved.txt python3 "$_TEST_DIR/test_alpha.py"
+actual=$(ls "$_TEST_DIR/saved.txt"* | head -n1)
+rm "$actual"
+V=$(python -c "import torch_xla; print(torch_xla._internal.tpu.version())")
+if [[ "$V" == "4" ]]; then
+  python3 "$_TEST_DIR/test_gamma.py"
+fi
+"""
+
+
+def test_tpu_ci_script_trace(ci, tmp_path) -> None:
+    ci_script, _ = ci
+    (tmp_path / "tpu").mkdir()
+    (tmp_path / "tpu" / "run_tests.sh").write_text(TPU_CI_SCRIPT)
+    (tmp_path / "test_alpha.py").write_text(PYTEST_FILE)
+    (tmp_path / "test_gamma.py").write_text(PROGRAM_FILE)
+
+    def keys(version: str) -> list[tuple[str, str, str]]:
+        entries = ci_script.trace(
+            tmp_path / "tpu" / "run_tests.sh",
+            test_dir=tmp_path,
+            script_args=(),
+            tpu_version=version,
+        )
+        return [(e.key, e.kind, e.case) for e in entries]
+
+    saved = f"test_alpha.py [XLA_SAVE_TENSORS_FILE={tmp_path}/saved.txt]"
+    on_v6e = [
+        ("test_alpha.py::AlphaTest::test_a", "pytest", "AlphaTest::test_a"),
+        ("test_alpha.py", "pytest", ""),  # -v is unittest's verbosity: no variant
+        ("test_alpha.py [--test_flag]", "pytest", ""),
+        (saved, "pytest", ""),
+    ]
+    assert keys("6") == on_v6e
+    assert keys("4") == [*on_v6e, ("test_gamma.py", "program", "")]
+    # the recorder made the file the script checks for, and the script's rm removed it
+    assert not (tmp_path / "saved.txt").exists()
+
+
+def test_file_flags_and_tpu_versions(ci) -> None:
+    _, cpu_ci = ci
+    tpu_ci = sys.modules["_tpu_ci"]
+    assert cpu_ci.file_flags(["-v", "--verbosity=2", "--test_autocast"]) == ["--test_autocast"]
+    assert [tpu_ci.tpu_version(a) for a in ("v4", "v5litepod", "v5p", "v6e")] == [
+        "4",
+        "5",
+        "5",
+        "6",
+    ]
+    with pytest.raises(ValueError, match="TPU generation"):
+        tpu_ci.tpu_version("tpu7x")
+    entry = sys.modules["_ci_script"].Entry("test_a.py", {"XLA_X": "1"})
+    assert tpu_ci.own_port(entry, 1) is entry  # one run at a time: the CI's own environment
+    port = tpu_ci.own_port(entry, 2).env["MASTER_PORT"]
+    assert int(port) > 0 and entry.env == {"XLA_X": "1"}
+    assert tpu_ci.names_unsimulated("NotImplementedError: xlasim does not simulate x")
+    assert tpu_ci.names_unsimulated("xlasim.runtime.unsimulated.UnsimulatedAttribute: y")
+    assert tpu_ci.names_unsimulated("RuntimeError: xlasim does not simulate z")
+    assert not tpu_ci.names_unsimulated("AssertionError: 3 != 4")
+    pinned = sys.modules["_ci_script"].Entry("t.py", {"MASTER_PORT": "12355"})
+    assert tpu_ci.own_port(pinned, 2) is pinned
+
+
+def test_tpu_ci_summary_counts_collected_tests_and_unsimulated_failures(ci, tmp_path) -> None:
+    tpu_ci = sys.modules["_tpu_ci"]
+    (tmp_path / "test_b.py").write_text(
+        "class B:\n  def test_1(self): ...\n  def test_2(self): ...\n\ndef test_3(): ...\n"
+    )
+
+    def sim(outcomes, lines=None, note="", rc=0):
+        return {"outcomes": outcomes, "first_lines": lines or {}, "note": note, "rc": rc,
+                "wall_s": 3.0}  # fmt: skip
+
+    records = {
+        "test_a.py": {
+            "group": "ops",
+            "sim": sim(
+                {"A::ok": "passed", "A::skip": "skipped", "A::ni": "failed", "A::bad": "error"},
+                {"A::ni": "NotImplementedError: xlasim does not simulate x", "A::bad": "E 3"},
+            ),
+        },
+        "test_b.py": {
+            "group": "ops",
+            "file": "test_b.py",
+            "kind": "pytest",
+            "sim": sim({}, note="collection error: ImportError: y"),
+        },
+        "test_m.py": {
+            "group": "mp scripts",
+            "sim": sim(
+                {"<program>": "failed"},
+                {"<program>": "exit status 1"},
+                rc=None,
+                note="time bound 300s tripped (--timeout)",
+            ),  # fmt: skip
+        },
+        "test_c.py": {"group": "ops"},  # not run yet
+    }
+    summary = tpu_ci.summarize(records)
+    weighed = tpu_ci.summarize(records, tmp_path)
+    assert weighed["total"]["collected"] == 8  # test_b.py defines 3 tests
+    assert weighed["failure_kinds"][0] == {
+        "count": 3,
+        "kind": "[not run] collection error: ImportError: y",
+        "example": "test_b.py::<run>",
+    }
+    assert summary["total"] == {
+        "runs": 3,
+        "collected": 6,  # a run that collected nothing counts as one test
+        "passed": 1,
+        "skipped": 1,
+        "failed": 4,
+        "not_simulated": 1,
+    }
+    row = {r["run"]: r for r in summary["runs"]}["test_b.py"]
+    assert row["failures"] == {"<run>": "[not run] collection error: ImportError: y"}
+    assert summary["crashes_and_hangs"] == ["test_m.py: time bound 300s tripped (--timeout)"]
+    # one failure of each kind, numbers blanked
+    assert {k["kind"]: k["count"] for k in summary["failure_kinds"]} == {
+        "NotImplementedError: xlasim does not simulate x": 1,
+        "E N": 1,
+        "exit status N": 1,
+        "[not run] collection error: ImportError: y": 1,
+    }
+
+
+def test_absl_flags_plugin_parses_flags_as_absltest_main_would(ci) -> None:
+    # absltest.main() parses absl's flags before any test runs; pytest does not, and the
+    # --tpu-ci runs load this plugin so a test reading --test_tmpdir works as under the CI
+    flags = pytest.importorskip("absl.flags")
+    sys.path.insert(0, str(BENCH))
+    try:
+        plugin = importlib.import_module("_absl_flags")
+    finally:
+        sys.path.remove(str(BENCH))
+    plugin.pytest_configure(None)
+    assert flags.FLAGS.is_parsed()
+
+
+UNITTEST_FILE = """\
+import sys
+import unittest
+
+SETUP = []
+
+
+class AlphaTest(unittest.TestCase):
+    def test_ok(self):
+        self.assertEqual(SETUP, ["main"])  # what the __main__ block set up
+
+    def test_bad(self):
+        raise NotImplementedError("xlasim does not simulate x\\nmore")
+
+    def test_fail(self):
+        self.assertEqual(1, 2)
+
+    @unittest.skip("needs more")
+    def test_skip(self):
+        pass
+
+    def test_sub(self):
+        for i in range(2):
+            with self.subTest(i=i):
+                self.assertEqual(i, 0)
+
+
+if __name__ == "__main__":
+    SETUP.append("main")
+    assert sys.argv[1:] == ["--flag"]
+    unittest.main(argv=sys.argv[:1])
+"""
+
+
+def test_unittest_record_runs_the_main_block_and_records_each_test(ci, tmp_path) -> None:
+    _, cpu_ci = ci
+    (tmp_path / "test_u.py").write_text(UNITTEST_FILE)
+    (tmp_path / "test_broken.py").write_text("raise ImportError('no such thing')\n")
+    runner = str(BENCH / "_unittest_record.py")
+    runs = {}
+    for name, argv in (("u", ["test_u.py", "--flag"]), ("broken", ["test_broken.py"])):
+        record = tmp_path / f"{name}.jsonl"
+        env = {**os.environ, "UNITTEST_RECORD": str(record)}
+        subprocess.run([sys.executable, runner, *argv], cwd=tmp_path, env=env, check=False,
+                       capture_output=True, timeout=120)  # fmt: skip
+        runs[name] = cpu_ci.parse_record(record.read_text())
+    assert runs["u"].outcomes == {
+        "AlphaTest::test_ok": "passed",
+        "AlphaTest::test_bad": "error",
+        "AlphaTest::test_fail": "failed",
+        "AlphaTest::test_skip": "skipped",
+        "AlphaTest::test_sub": "failed",
+    }
+    assert runs["u"].first_lines["AlphaTest::test_bad"] == (
+        "NotImplementedError: xlasim does not simulate x"
+    )
+    assert runs["u"].first_lines["AlphaTest::test_fail"] == "AssertionError: 1 != 2"
+    assert runs["broken"].outcomes == {}
+    assert runs["broken"].note == "collection error: ImportError: no such thing"
+    # a line cut short by a kill is left out
+    assert cpu_ci.parse_record(
+        '{"test": "A::b", "outcome": "passed", "line": ""}\n{"te'
+    ).outcomes == {"A::b": "passed"}

@@ -37,6 +37,7 @@ from xlasim.runtime.settings import (
     resolve_compiler,
     resolve_dry_run,
 )
+from xlasim.runtime.unsimulated import UnsimulatedModule
 
 _SURFACE_PARENT = os.path.dirname(os.path.abspath(__file__))
 _lock = threading.RLock()
@@ -114,10 +115,12 @@ class _SimFinder(importlib.abc.MetaPathFinder):
                 if _is_torch_tpu(fullname)
                 else ("torch_xla", "docs/support-matrix.md")
             )
-            raise ModuleNotFoundError(
+            # No ``name``: ``from torch_xla.x import module`` drops a ModuleNotFoundError
+            # that names the module it imports and says only "cannot import name"; without it
+            # the error that says what is not simulated reaches the program.
+            raise UnsimulatedModule(
                 f"No module named {fullname!r}: xlasim does not simulate this part of "
-                f"{package} ({doc} lists what it does)",
-                name=fullname,
+                f"{package} ({doc} lists what it does)"
             )
         return spec
 

@@ -42,8 +42,7 @@ _creation_order = itertools.count()
 _IDENTITY_OPS = frozenset({aten.detach.default, aten.alias.default, aten.lift_fresh.default})
 _devices: dict[int, torch.device] = {}
 
-
-_TENSOR_DATA: Any = torch._C.TensorBase.data
+_TENSOR_DATA: Any = torch._C.TensorBase.data  # the C getset descriptor
 
 
 def xla_device(index: int | None) -> torch.device:
@@ -150,20 +149,6 @@ class XlaSimTensor(torch.Tensor):
     def _is_parameter(self) -> bool:
         return bool(getattr(self, "_is_param", False))
 
-    @property
-    def data(self) -> Any:
-        return _TENSOR_DATA.__get__(self)
-
-    @data.setter
-    def data(self, new: Any) -> None:
-        # ``t.data = other`` (how nn.Module.to swaps a parameter's dtype) changes the tensor's
-        # metadata in C++; the value it now holds is ``other``'s, as in torch_xla where both
-        # then share one XLA tensor.
-        _TENSOR_DATA.__set__(self, new)
-        if type(new) is XlaSimTensor:
-            for slot in _VALUE_SLOTS:
-                setattr(self, slot, getattr(new, slot))
-
     def __format__(self, format_spec: str) -> str:
         # torch formats a 0-dim plain tensor as its value; a Parameter (another class in real
         # torch_xla) and a tensor with dimensions as their text, refusing a format spec.
@@ -225,6 +210,20 @@ class XlaSimTensor(torch.Tensor):
 
     __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
 
+    @property
+    def data(self) -> torch.Tensor:
+        return _TENSOR_DATA.__get__(self)
+
+    @data.setter
+    def data(self, value: torch.Tensor) -> None:
+        # torch's setter swaps only the C++ metadata (dtype, shape); the value lives in this
+        # wrapper's slots. torch_xla's tensor then holds the new tensor's device data, so the
+        # wrapper takes the new value as an alias of it (``Module.to(dtype)`` sets
+        # ``param.data`` to the converted tensor this way).
+        _TENSOR_DATA.__set__(self, value)
+        if type(value) is XlaSimTensor and value is not self:
+            _take_value(self, value)
+
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # type: ignore[override]
         if len(types) > 1 and any(not issubclass(t, XlaSimTensor) for t in types):
@@ -278,6 +277,15 @@ _METADATA: dict[Any, bool | None] = {
 
 # What a tensor's value is: every slot but its own identity (``_seq``).
 _VALUE_SLOTS = tuple(slot for slot in XlaSimTensor.__slots__ if slot != "_seq")
+
+
+def _take_value(dst: XlaSimTensor, src: XlaSimTensor) -> None:
+    """``dst.data = src``: ``dst`` now holds ``src``'s value (its IR value, buffer and state)."""
+    note_write(dst)
+    for slot in _VALUE_SLOTS:
+        setattr(dst, slot, getattr(src, slot))
+    if src._node is not None:
+        _runtime.current().graphs.pending.append(weakref.ref(dst))
 
 
 def _identity(info: _OpInfo, src: XlaSimTensor, kwargs: Any = None) -> XlaSimTensor:

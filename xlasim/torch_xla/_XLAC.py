@@ -21,7 +21,7 @@ import torch
 from xlasim.runtime import ir_scopes, manual, numerics, op_builder, optimizer_steps, state
 from xlasim.runtime.compiler.hlo_text import tensors_hlo
 from xlasim.runtime.debug_info import tensor_debug_info
-from xlasim.runtime.errors import expected_xla_tensor
+from xlasim.runtime.errors import aten_type_string, expected_xla_tensor
 from xlasim.runtime.graph import CompileError, CustomCall
 from xlasim.runtime.memory import reserve, reshard, sent_bytes, settle
 from xlasim.runtime.settings import xla_env_flag
@@ -44,6 +44,7 @@ from xlasim.runtime.tensor import (
     user_computation,
     wrap_data,
 )
+from xlasim.runtime.unsimulated import UnsimulatedAttribute
 from xlasim.sharding import op_sharding
 from xlasim.sharding.op_sharding import (
     ProtoType,
@@ -135,8 +136,16 @@ def _xla_device_kind(device: str) -> str:
 
 
 def _xla_get_device_attributes(device: str) -> dict[str, object]:
-    index = int(str(device).rpartition(":")[2])
-    return _xla_get_all_device_attributes()[index]
+    """The PJRT device's own attributes: ``TPU:N`` is the slice's device N, this process's
+    ``xla:N`` its N-th addressable one; the device's name is not among them (the global list
+    adds it)."""
+    kind, _, number = str(device).rpartition(":")
+    global_id = int(number)
+    if kind.lower() == "xla":
+        global_id = _rt().addressable_device_ids()[global_id]
+    attributes = dict(_xla_get_all_device_attributes()[global_id])
+    attributes.pop("name", None)
+    return attributes
 
 
 def _xla_get_all_device_attributes() -> list[dict[str, object]]:
@@ -826,5 +835,52 @@ def _sync_point_reached(step: int) -> bool:
     return _rt().coordinator.sync_point_reached(int(step))
 
 
+def _dot_general_operand(t: Any, position: str) -> XlaSimTensor:
+    if isinstance(t, XlaSimTensor):
+        return t
+    raise RuntimeError(
+        f"Expected input tensor ({position} argument) to be an actual XLA tensor. "
+        f"Got: {aten_type_string(t)}. Consider moving it ({position} argument) to XLA."
+    )
+
+
+def _xla_dot_general(
+    lhs: Any,
+    rhs: Any,
+    dim_vectors: Any,
+    preferred_element_type: torch.dtype | None = None,
+) -> torch.Tensor:
+    """XLA's DotGeneral: ``dim_vectors`` is ``((lhs_contracting, rhs_contracting),
+    (lhs_batch, rhs_batch))`` (the batch pair may be empty); the result's dimensions are the
+    batch ones, then lhs's free ones, then rhs's, in ``preferred_element_type`` when given
+    (XLA accumulates int8 operands into it). Computed as a batched matmul of the operands
+    permuted to (batch, free, contracting) and (batch, contracting, free)."""
+    lhs = _dot_general_operand(lhs, "first")
+    rhs = _dot_general_operand(rhs, "second")
+    contracting = dim_vectors[0]
+    batch = dim_vectors[1] if len(dim_vectors) > 1 and dim_vectors[1] else ([], [])
+    lc = [d % lhs.dim() for d in contracting[0]]
+    rc = [d % rhs.dim() for d in contracting[1]]
+    lb = [d % lhs.dim() for d in batch[0]]
+    rb = [d % rhs.dim() for d in batch[1]]
+    lf = [d for d in range(lhs.dim()) if d not in lc and d not in lb]
+    rf = [d for d in range(rhs.dim()) if d not in rc and d not in rb]
+    out_dtype = preferred_element_type or torch.promote_types(lhs.dtype, rhs.dtype)
+    # integer products accumulate in the output type (an int8 matmul would wrap around)
+    work = out_dtype if not out_dtype.is_floating_point else None
+    a, b = (lhs.to(work), rhs.to(work)) if work is not None else (lhs, rhs)
+
+    def size(t: torch.Tensor, dims: list[int]) -> int:
+        n = 1
+        for d in dims:
+            n *= t.shape[d]
+        return n
+
+    a = a.permute(*lb, *lf, *lc).reshape(size(lhs, lb), size(lhs, lf), size(lhs, lc))
+    b = b.permute(*rb, *rc, *rf).reshape(size(rhs, rb), size(rhs, rc), size(rhs, rf))
+    shape = [lhs.shape[d] for d in lb] + [lhs.shape[d] for d in lf] + [rhs.shape[d] for d in rf]
+    return torch.bmm(a, b).reshape(shape).to(out_dtype)
+
+
 def __getattr__(name: str) -> Any:
-    raise AttributeError(f"xlasim does not simulate torch_xla._XLAC.{name}")
+    raise UnsimulatedAttribute(f"xlasim does not simulate torch_xla._XLAC.{name}")

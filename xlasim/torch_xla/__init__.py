@@ -12,7 +12,11 @@ from . import (
     experimental,  # noqa: E402,F401 - torch_xla.experimental.eager_mode() needs no import
     runtime,  # noqa: E402,F401
 )
-from ._internal import custom_kernel  # noqa: E402,F401 - the xla:: ops dynamo graphs call
+from ._internal import (
+    custom_kernel,  # noqa: E402,F401 - the xla:: ops dynamo graphs call
+    tpu,  # noqa: F401
+)
+from .core import xla_env_vars as xenv  # noqa: F401
 from .core import xla_model  # noqa: E402,F401
 from .distributed import xla_backend  # noqa: E402,F401 - registers the `xla` process group
 from .torch_xla import (  # noqa: F401
@@ -25,8 +29,15 @@ from .torch_xla import (  # noqa: F401
     real_devices,
     step,
     sync,
+    xm,
+    xmp,
+    xr,
 )
+from .utils import utils as xu  # noqa: F401
 from .version import __version__
+
+# xm, xmp, xr, xu, xenv and tpu above: module aliases that real torch_xla's star import of its
+# torch_xla.py leaves on the package, which code uses (``torch_xla.xm.fork_rng()``).
 
 # torch.compile traces the simulated device tensors as torch_xla's own (and takes its settings).
 dynamo_tensors.install()

@@ -197,3 +197,20 @@ def spawn(
         )
     run_multiprocess(spawn_fn, start_method=start_method)
     return None
+
+
+def _initialize_single_process(local_rank: int, local_world_size: int) -> None:
+    os.environ.setdefault(xenv.PJRT_LOCAL_PROCESS_RANK, str(local_rank))
+    os.environ.setdefault(xenv.PJRT_LOCAL_PROCESS_COUNT, str(local_world_size))
+
+
+def spawn_threads(fn: Callable[..., Any], args: tuple[Any, ...] = ()) -> None:
+    """``fn(ordinal, *args)`` in this process on each of its devices: torch_xla runs one thread
+    per addressable device; a process with one device (the CPU client with
+    ``CPU_NUM_DEVICES=1``) is simulated, more raise NotImplementedError."""
+    _run_thread_per_device(
+        local_rank=0,
+        local_world_size=1,
+        fn=_SpawnFn(fn, *args),
+        initializer_fn=_initialize_single_process,
+    )

@@ -21,7 +21,9 @@ def pjrt_rendezvous_handler(
 ) -> Iterator[tuple[Any, int, int]]:
     master_ip = xu.getenv_as("MASTER_ADDR", str)
     if not master_ip:
-        master_ip = xr.get_master_ip()
+        # Only a TPU runtime discovers its master worker; every other device type (the CPU
+        # client) meets on this machine, as torch_xla's handler does.
+        master_ip = xr.get_master_ip() if xr.device_type() == "TPU" else "localhost"
     master_port = xu.getenv_as("MASTER_PORT", int, 12355)
     with _store_lock:
         # Process-global, as the real module's store is: the simulated modules are re-imported

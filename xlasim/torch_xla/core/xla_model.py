@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TextIO, TypedDict
 
 import torch
@@ -763,6 +764,20 @@ def set_rng_state(seed: int, device: str | None = None) -> None:
 
 def get_rng_state(device: str | None = None) -> int:
     return _runtime.current().rng_seed
+
+
+@contextlib.contextmanager
+def fork_rng(device: str | None = None, enabled: bool = True) -> Iterator[None]:
+    """Puts the RNG back to the state it had on entry when the block ends (``enabled=False``:
+    leaves it alone)."""
+    if not enabled:
+        yield
+        return
+    state = get_rng_state(device)
+    try:
+        yield
+    finally:
+        set_rng_state(state, device)
 
 
 class MemoryInfo(TypedDict):

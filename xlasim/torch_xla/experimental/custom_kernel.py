@@ -56,6 +56,17 @@ def generate_ctx_need_grad(*args: Any) -> list[bool]:
     return [isinstance(a, torch.Tensor) and a.requires_grad for a in args]
 
 
+def jax_import_guard() -> None:
+    """torch_xla calls this before importing JAX so that torch_xla, not JAX, holds the TPU;
+    what follows is JAX on the TPU (Pallas kernels, JAX reference computations), which the
+    simulated TPU does not offer, so it says so here rather than fail later inside JAX."""
+    raise NotImplementedError(
+        "xlasim does not simulate JAX on the simulated TPU (torch_xla.experimental."
+        "custom_kernel.jax_import_guard): Pallas kernels and other JAX computations need "
+        "JAX's TPU backend; torch_xla's flash_attention is simulated without JAX"
+    )
+
+
 def convert_torch_dtype_to_jax(dtype: torch.dtype) -> Any:
     raise _needs_pallas("convert_torch_dtype_to_jax")
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+from weakref import WeakKeyDictionary
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
@@ -72,3 +73,50 @@ def scan(
         carry, y = fn(_fresh(carry), _fresh(tree_map(lambda leaf, i=i: leaf[i], xs)))
         outputs.append(y)
     return carry, _stack(outputs)
+
+
+def value_and_grad_partitioned(
+    fn: Callable[..., Any],
+    init: Any,
+    xs: Any,
+    partition_fn: Any = None,
+    is_fn_pure: bool = True,
+) -> tuple[Callable[..., Any], Callable[..., Any], Callable[..., Any]]:
+    raise NotImplementedError(
+        "xlasim does not simulate torch_xla.experimental.scan.value_and_grad_partitioned "
+        "(the forward and backward graphs AOTAutograd partitions from one scan step); "
+        "scan itself, and its gradient, are simulated"
+    )
+
+
+def tree_flatten_none(pytree: Any) -> tuple[list[Any], Callable[[list[Any]], Any]]:
+    """The pytree's leaves less its ``None`` ones, and a function that rebuilds the tree from
+    such a list (the ``None`` leaves put back where they were)."""
+    leaves, spec = tree_flatten(pytree)
+    kept = [leaf for leaf in leaves if leaf is not None]
+    holes = [leaf is None for leaf in leaves]
+
+    def unflatten(flat: list[Any]) -> Any:
+        given = iter(flat)
+        return tree_unflatten([None if hole else next(given) for hole in holes], spec)
+
+    return kept, unflatten
+
+
+class _ScanGraphCache(WeakKeyDictionary):
+    """torch_xla keeps the forward and backward graphs it traced for a pure ``fn`` here
+    (``fn`` -> shapes -> graphs). The simulator runs ``fn`` step by step and traces no such
+    graphs, so the cache can be cleared but what it holds cannot be asked."""
+
+    def _unsimulated(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(
+            "xlasim does not simulate torch_xla.experimental.scan._SCAN_COMPUTATION_CACHE "
+            "(the forward and backward graphs torch_xla traces once per pure scan fn): the "
+            "simulator runs the fn at every step and keeps no traced graphs"
+        )
+
+    __contains__ = __getitem__ = __len__ = __iter__ = _unsimulated
+    get = keys = items = values = _unsimulated
+
+
+_SCAN_COMPUTATION_CACHE = _ScanGraphCache()

@@ -5,7 +5,7 @@ through ``scan``, each step calling the first layer with that layer's parameters
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -51,15 +51,36 @@ def scan_layers(
     buffers = [dict(layer.named_buffers()) for layer in layers]
     _check_same_structure(params)
     _check_same_structure(buffers)
-    template = copy.deepcopy(layers[0])
     stacked = tuple(
         {name: torch.stack([d[name] for d in dicts]) for name in dicts[0]}
         for dicts in (params, buffers)
     )
+    final, _ = scan(
+        _one_layer_fn(layers[0], partition_fn, is_layer_pure),
+        input_data,
+        stacked,
+        partition_fn,
+        is_layer_pure,
+    )
+    return final
+
+
+# The step function made for a pure layer, by (id(partition_fn), id(first layer)): torch_xla
+# keeps it, so scanning the same layers again reuses the traced step (a module-level dict, as
+# there, which its tests inspect and clear).
+_ONE_LAYER_CACHE: dict[tuple[int, int], Callable[..., Any]] = {}
+
+
+def _one_layer_fn(first: nn.Module, partition_fn: Any, is_layer_pure: bool) -> Callable[..., Any]:
+    key = (id(partition_fn), id(first))
+    if is_layer_pure and key in _ONE_LAYER_CACHE:
+        return _ONE_LAYER_CACHE[key]
+    template = copy.deepcopy(first)
 
     def one_layer(carry: Any, weights: tuple[dict[str, Any], dict[str, Any]]) -> Any:
         merged = {**weights[0], **weights[1]}
         return torch.func.functional_call(template, merged, carry, strict=True), None
 
-    final, _ = scan(one_layer, input_data, stacked, partition_fn, is_layer_pure)
-    return final
+    if is_layer_pure:
+        _ONE_LAYER_CACHE[key] = one_layer
+    return one_layer
