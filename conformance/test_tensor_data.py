@@ -43,3 +43,13 @@ def test_module_to_bfloat16_computes_in_bfloat16(xla_target):
     expected = torch.nn.functional.linear(x.cpu(), linear.weight.cpu(), linear.bias.cpu())
     # bfloat16 products accumulate in a different order than eager CPU's: close, not equal
     torch.testing.assert_close(out.cpu(), expected, rtol=0.1, atol=0.01)
+
+
+def test_module_to_dtype_converts_an_embeddings_device_weight(xla_target):
+    import torch_xla
+
+    dev = torch_xla.device()
+    emb = torch.nn.Embedding(16, 4, device=dev).to(torch.bfloat16)
+    out = emb(torch.ones(2, dtype=torch.long, device=dev))
+    assert out.dtype == torch.bfloat16
+    assert out.cpu().tolist() == emb.weight[1].cpu().expand(2, 4).tolist()
