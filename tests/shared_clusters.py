@@ -35,6 +35,11 @@ RAY_TEST_ENV = {
     # other xdist worker's processes (nice 0) would take all but a few percent of the CPU from
     # them while both run.
     "RAY_worker_niceness": "0",
+    # Ray 2.60 turns token authentication on for the whole process (its os.environ, so every
+    # cluster and driver started from it afterwards) when a test starts a local cluster with
+    # ray.init(address="local") and no mode is set; the drivers later tests start with a home
+    # of their own then find no token. These clusters are this machine's, as before: say so.
+    "RAY_AUTH_MODE": "disabled",
 }
 """Set for this process and inherited by the clusters it starts and the Ray drivers it runs
 (tests that start Ray processes with an environment of their own add it)."""
