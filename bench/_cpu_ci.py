@@ -355,13 +355,19 @@ def print_report(summary: dict, top: int) -> None:
         f"\nwall time (runs timed on both sides): real {tm['real_s']}s, sim {tm['sim_s']}s, "
         f"sim/real {tm['ratio']}"
     )
+    print_failures(summary, top)
+
+
+def print_failures(summary: dict, top: int) -> None:
+    """The simulator's failures grouped by first error line, then crashes and hangs (the
+    closing part of both CI reports)."""
     print(
         f"\nsimulator failures by first error line (top {top} of {len(summary['failure_kinds'])}):"
     )
     for kind in summary["failure_kinds"][:top]:
         print(f"  {kind['count']:5}  {kind['kind']}\n         e.g. {kind['example']}")
     print("\ncrashes and hangs:")
-    for line in summary["crashes_and_hangs"] or ["  (none)"]:
+    for line in summary["crashes_and_hangs"] or ["(none)"]:
         print(f"  {line}")
 
 

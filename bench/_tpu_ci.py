@@ -36,7 +36,15 @@ from pathlib import Path
 
 # this folder's helper modules (the script's own dir is on sys.path)
 from _ci_script import Entry, trace
-from _cpu_ci import Results, _how_it_ended, failure_kind, group_of, run_side, select
+from _cpu_ci import (
+    Results,
+    _how_it_ended,
+    failure_kind,
+    group_of,
+    print_failures,
+    run_side,
+    select,
+)
 from _pytest_reports import PASSED
 
 SIDE = "sim"
@@ -164,14 +172,7 @@ def print_report(summary: dict, top: int) -> None:
         f"({share:.1f}%), {t['skipped']} skipped, {t['failed']} fail "
         f"({t['not_simulated']} naming what is not simulated)"
     )
-    print(
-        f"\nsimulator failures by first error line (top {top} of {len(summary['failure_kinds'])}):"
-    )
-    for kind in summary["failure_kinds"][:top]:
-        print(f"  {kind['count']:5}  {kind['kind']}\n         e.g. {kind['example']}")
-    print("\ncrashes and hangs:")
-    for line in summary["crashes_and_hangs"] or ["(none)"]:
-        print(f"  {line}")
+    print_failures(summary, top)
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:

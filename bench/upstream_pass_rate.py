@@ -153,6 +153,18 @@ def _load_real(path: Path) -> dict[str, FileRun]:
     return {row["file"]: FileRun(row["real"], {}, row["real_note"]) for row in rows}
 
 
+def _script_run_options(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, flag: str
+) -> None:
+    """What a CI-script run needs besides its script: the side options, a results file to add
+    to and resume from (unless only listing), and a logs folder beside it."""
+    check_side_options(parser, args)
+    if args.json is None and not args.list:
+        parser.error(f"{flag} needs --json (the results file it adds to and resumes from)")
+    logs = args.json.with_suffix(".logs") if args.json else Path(tempfile.mkdtemp())
+    args.out_dir = (args.out_dir or logs).resolve()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -184,20 +196,12 @@ def main(argv: list[str] | None = None) -> int:
                 "--tpu-ci runs its script's files on the simulator only: give no "
                 "--cpu-ci, test_dir, FILEs, --real-python or --reuse-real"
             )
-        check_side_options(parser, args)
-        if args.json is None and not args.list:
-            parser.error("--tpu-ci needs --json (the results file it adds to and resumes from)")
-        logs = args.json.with_suffix(".logs") if args.json else Path(tempfile.mkdtemp())
-        args.out_dir = (args.out_dir or logs).resolve()
+        _script_run_options(parser, args, "--tpu-ci")
         return _tpu_ci.main(args, parser)
     if args.cpu_ci:
         if args.test_dir or args.files:
             parser.error("--cpu-ci runs the files its script names: give no test_dir or FILEs")
-        check_side_options(parser, args)
-        if args.json is None and not args.list:
-            parser.error("--cpu-ci needs --json (the results file it adds to and resumes from)")
-        logs = args.json.with_suffix(".logs") if args.json else Path(tempfile.mkdtemp())
-        args.out_dir = (args.out_dir or logs).resolve()
+        _script_run_options(parser, args, "--cpu-ci")
         return _cpu_ci.main(args, parser)
     if args.test_dir is None or not args.test_dir.is_dir():
         parser.error(f"test_dir {str(args.test_dir)!r} is not a directory")
