@@ -364,7 +364,7 @@ def simulated_tpu_cluster(
 
 def _start_cluster(
     spec: SliceSpec,
-    slice_names: list[str],
+    names: list[str],
     *,
     simulate: bool,
     num_cpus_per_host: float,
@@ -391,12 +391,12 @@ def _start_cluster(
         logging.getLogger("ray").setLevel(driver_log_level)
     try:
         cluster = Cluster(initialize_head=False, shutdown_at_exit=True)
-        hosts = [(name, host) for name in slice_names for host in range(spec.num_hosts)]
+        hosts = [(name, host) for name in names for host in range(spec.num_hosts)]
         # One rendezvous address per slice for the simulator's cross-host exchange; the
         # host-0 worker of each run listens there, runs on a cluster follow one another.
         # Several slices share one: a multislice job's hosts all exchange in one group.
-        shared_addr = loopback_address() if len(slice_names) > 1 else None
-        hosts_addrs = {name: shared_addr or loopback_address() for name in slice_names}
+        shared_addr = loopback_address() if len(names) > 1 else None
+        hosts_addrs = {name: shared_addr or loopback_address() for name in names}
         if separate_head:
             cluster.add_node(
                 num_cpus=head_num_cpus,
@@ -421,7 +421,7 @@ def _start_cluster(
             # One node at a time: each raylet waits at most 30 s (hard-coded in Ray) to
             # register, and starting several at once on a 2-core machine can exceed it.
             cluster.add_node(object_store_memory=object_store_memory, **args)
-            where = f" of {name}" if len(slice_names) > 1 else ""
+            where = f" of {name}" if len(names) > 1 else ""
             say(f"host {host + 1}/{spec.num_hosts}{where} up ({time.monotonic() - t0:.1f}s)")
             if time.monotonic() - t0 > startup_timeout_s and i < len(hosts) - 1:
                 raise TimeoutError(
@@ -443,8 +443,8 @@ def _start_cluster(
             )
         return SimulatedTPUCluster(
             spec=spec,
-            num_slices=len(slice_names),
-            slice_names=slice_names,
+            num_slices=len(names),
+            slice_names=names,
             address=cluster.address,
             cluster=cluster,
         )
