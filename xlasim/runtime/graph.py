@@ -402,12 +402,17 @@ class GraphCache:
         """A graph ``torch.compile`` handed to a backend of ours (TorchTPU's ``"tpu"``): a
         recompilation where its site had compiled a different graph before."""
         self.backend_compiles += 1
+        self._note_recompilation(record)
+        self.last_at_site[record.site] = record
+
+    def _note_recompilation(self, record: GraphRecord) -> None:
+        """A newly compiled ``record`` is a recompilation where its site compiled another graph
+        last."""
         previous = self.last_at_site.get(record.site)
         if previous is not None and previous.key != record.key:
             self.recompilations.append(
                 Recompilation(record.site, previous, record, _diff(previous, record))
             )
-        self.last_at_site[record.site] = record
 
     def _store(self, record: GraphRecord) -> None:
         if self._capacity is None:
@@ -537,11 +542,8 @@ class GraphCache:
         if record is None:
             ops, inputs = _collect(nodes)
             record = GraphRecord(key, site, ops, inputs, len(nodes))
-            previous = self.last_at_site.get(site)
-            if not cached and previous is not None and previous.key != key:
-                self.recompilations.append(
-                    Recompilation(site, previous, record, _diff(previous, record))
-                )
+            if not cached:
+                self._note_recompilation(record)
             self._store(record)
             if not cached:
                 self._metrics.add_sample("InputOutputAliasCount", _buffer_donors(tensors, sync_all))
