@@ -219,6 +219,26 @@ def test_matmul_precision_maps_to_the_tpu_precision(tpu: Any) -> None:
     assert torch.equal((ints.to("tpu") @ ints.T.to("tpu")).cpu(), ints @ ints.T)
 
 
+def test_exact_numerics_compute_tpu_matmuls_as_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    # XLASIM_NUMERICS=exact (the project's switch) trades the TPU's precision for the CPU's
+    # kernels; the next TorchTPU simulation in the same process emulates again.
+    torch.manual_seed(0)
+    a, b = torch.randn(16, 32), torch.randn(32, 8)
+    monkeypatch.setenv("XLASIM_NUMERICS", "exact")
+    with xlasim.simulate("2x2"):
+        import torch_tpu  # noqa: F401
+
+        assert torch.get_float32_matmul_precision() == "medium"
+        assert torch.equal((a.to("tpu") @ b.to("tpu")).cpu(), a @ b)
+        assert torch.equal(torch.mm(a.to("tpu"), b.to("tpu")).cpu(), torch.mm(a, b))
+    monkeypatch.delenv("XLASIM_NUMERICS")
+    with xlasim.simulate("2x2"):
+        import torch_tpu  # noqa: F401, F811
+
+        one_pass = a.bfloat16().float() @ b.bfloat16().float()
+        assert torch.equal((a.to("tpu") @ b.to("tpu")).cpu(), one_pass)
+
+
 def test_one_device_per_process(tpu: Any) -> None:
     assert torch.tpu.device_count() == 1
     assert torch.tpu.is_available()

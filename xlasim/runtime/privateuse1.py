@@ -286,7 +286,7 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 // allocating the result and calling the op's out= form: two trips through the dispatcher and
 // the fallback. Sending those ops to the fallback directly runs the CPU's functional kernel,
 // whose fresh result the fallback takes over without a copy. Done once every aten op is known,
-// and not for ops the tpu device already has a kernel for (the matmul-class ones).
+// and not for ops the tpu device already has a kernel for (see route below).
 void take_structured_ops() {
   static torch::Library* lib = new torch::Library(
       torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
@@ -305,6 +305,35 @@ void take_structured_ops() {
 }
 
 void enforce(bool on) { g_enforce.store(on); }
+
+// Matmul-class ops compute at the TPU's precision in Python kernels, which the device keeps
+// under PrivateUse3 (a key no tensor of the process carries). With exact numerics they are
+// plain CPU kernels: the fallback runs them, with no trip through Python for each call.
+std::atomic<bool> g_emulate{true};
+
+void emulate(bool on) { g_emulate.store(on); }
+
+void matmul_class(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  if (g_emulate.load()) {
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::PrivateUse3), stack);
+  } else {
+    fallback(op, stack);
+  }
+}
+
+// `emulated` ops get the router above; `functional` ones the fallback itself, which runs the
+// CPU's functional kernel (torch's generic kernel for a device without one would allocate the
+// result and call the out= form, whose CPU kernel warns that it resized the result).
+void route(std::vector<std::string> emulated, std::vector<std::string> functional) {
+  static torch::Library* lib = new torch::Library(
+      torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  for (const std::string& name : emulated) {
+    lib->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&matmul_class>());
+  }
+  for (const std::string& name : functional) {
+    lib->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&fallback>());
+  }
+}
 
 void activate(int64_t devices, int64_t hbm_bytes) {
   static std::once_flag hooks;
@@ -614,6 +643,8 @@ REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &xlasim_tpu::g_allocator);
 TORCH_LIBRARY_FRAGMENT(xlasim, m) {
   m.def("tpu_activate(int devices, int hbm_bytes) -> ()", &xlasim_tpu::activate);
   m.def("tpu_enforce_hbm(bool on) -> ()", &xlasim_tpu::enforce);
+  m.def("tpu_emulate_matmuls(bool on) -> ()", &xlasim_tpu::emulate);
+  m.def("tpu_route(str[] emulated, str[] functional) -> ()", &xlasim_tpu::route);
   m.def("tpu_cpu_view(Tensor t) -> Tensor", &xlasim_tpu::cpu_view_op);
   m.def("tpu_from_cpu(Tensor cpu, int index) -> Tensor", &xlasim_tpu::from_cpu_op);
   m.def("tpu_generator(int index) -> Generator?", &xlasim_tpu::generator_op);

@@ -46,7 +46,11 @@ def attach_tpu(runtime: state.SimRuntime) -> None:
     index), so the same one-time check and exit-time drain cover it."""
     global _tpu_attached
     spec = runtime.spec
-    tpu_device.attach(spec.hbm_bytes_per_chip // spec.devices_per_chip, runtime.memory.enforcing())
+    tpu_device.attach(
+        spec.hbm_bytes_per_chip // spec.devices_per_chip,
+        runtime.memory.enforcing(),
+        emulate_matmuls=runtime.numerics != "exact" and not runtime.dry_run,
+    )
     autocast.install("tpu")
     # TorchTPU's autocast dtype is bfloat16 (its device module's default); torch's default for
     # PrivateUse1 is float16. Set for the thread that loads it, as torch keeps it per thread.

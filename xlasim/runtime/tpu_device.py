@@ -38,9 +38,10 @@ PRECISION_OF_TORCH = {"medium": "default", "high": "high", "highest": "highest"}
 TORCH_OF_PRECISION = {v: k for k, v in PRECISION_OF_TORCH.items()}
 
 
-def attach(hbm_bytes: int, enforce: bool) -> None:
+def attach(hbm_bytes: int, enforce: bool, emulate_matmuls: bool) -> None:
     """Makes the ``tpu`` device available in this process (a simulation has started), with
-    ``hbm_bytes`` of memory, refusing what outgrows it when ``enforce``."""
+    ``hbm_bytes`` of memory, refusing what outgrows it when ``enforce``; its matmul-class ops
+    compute at the TPU's precision when ``emulate_matmuls``, else as the CPU does."""
     global _named
     _device.ensure_device_guard()
     with _lock:
@@ -51,6 +52,7 @@ def attach(hbm_bytes: int, enforce: bool) -> None:
             _register_kernels()
             _named = True
     torch.ops.xlasim.tpu_activate(DEVICES_PER_PROCESS, hbm_bytes)
+    torch.ops.xlasim.tpu_emulate_matmuls(emulate_matmuls)
     enforce_hbm(enforce)
 
 
@@ -179,15 +181,6 @@ def _matmul_kernel(op: Any) -> Callable[..., Any]:
     return kernel
 
 
-def _cpu_kernel(op: Any) -> Callable[..., Any]:
-    def kernel(*args: Any, **kwargs: Any) -> Any:
-        index = next((a.device.index or 0 for a in args if isinstance(a, torch.Tensor)), 0)
-        out = op(*_on_cpu(args), **{k: _on_cpu(v) for k, v in kwargs.items()})
-        return _on_tpu(out, index)
-
-    return kernel
-
-
 # Functional ops whose generic kernel for a device without its own (allocate the result, then
 # call the out= form) makes the CPU's out= kernel warn that it resized the result: the CPU's
 # functional kernel runs instead.
@@ -196,17 +189,19 @@ _CPU_FUNCTIONAL = (torch.ops.aten.mse_loss.default,)
 
 def _register_kernels() -> None:
     """Matmul-class ops on ``tpu`` tensors at the TPU's precision, and the functional ops of
-    ``_CPU_FUNCTIONAL`` (every other op reaches the native fallback, which runs the CPU
-    kernel)."""
+    ``_CPU_FUNCTIONAL`` as the CPU computes them (every other op reaches the native fallback,
+    which runs the CPU kernel). The Python kernels sit under PrivateUse3, where the native
+    router of the matmul-class ops sends a call when the numerics are emulated."""
     global _kernels
-    lib = torch.library.Library("aten", "IMPL", "PrivateUse1")
+    lib = torch.library.Library("aten", "IMPL", "PrivateUse3")
     for op in numerics.MATMUL_CLASS:
-        lib.impl(op._schema.name.split("::")[1] + _overload(op), _matmul_kernel(op))
-    for op in _CPU_FUNCTIONAL:
-        lib.impl(op._schema.name.split("::")[1] + _overload(op), _cpu_kernel(op))
+        lib.impl(_impl_name(op), _matmul_kernel(op))
     _kernels = lib
+    torch.ops.xlasim.tpu_route(
+        [_impl_name(op) for op in numerics.MATMUL_CLASS], [_impl_name(op) for op in _CPU_FUNCTIONAL]
+    )
 
 
-def _overload(op: Any) -> str:
+def _impl_name(op: Any) -> str:
     name = op._overloadname
-    return "" if name == "default" else f".{name}"
+    return op._schema.name.split("::")[1] + ("" if name == "default" else f".{name}")
