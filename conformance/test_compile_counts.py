@@ -7,6 +7,8 @@ per distinct shape (UncachedCompile 3, CachedCompile 3).
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 
@@ -64,6 +66,7 @@ def test_metrics_api(xla_target):
 
     dev = torch_xla.device()
     met.clear_all()
+    started = time.time()
     assert met.counter_names() == []
     assert met.metric_names() == []
     assert met.counter_value("UncachedCompile") is None
@@ -82,6 +85,9 @@ def test_metrics_api(xla_target):
     assert isinstance(values, tuple) and len(values) == samples
     timestamp, value = values[0]
     assert isinstance(timestamp, float) and isinstance(value, float) and value > 0
+    # A sample's time is wall-clock seconds since the epoch (real torch_xla 2.9 on CPU), while
+    # its value is in nanoseconds.
+    assert started - 1 <= timestamp <= time.time() + 1
     report = met.metrics_report()
     assert isinstance(report, str)
     for line in (

@@ -41,7 +41,8 @@ class _Metric:
     def add(self, value: float) -> None:
         self.total += 1
         self.accumulator += value
-        self.samples.append((float(time.time_ns()), float(value)))
+        # torch_xla reports when a sample was taken in seconds since the epoch.
+        self.samples.append((time.time(), float(value)))
         if len(self.samples) > _MAX_SAMPLES:
             del self.samples[0]
 
