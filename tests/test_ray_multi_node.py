@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
+import torch_tpu_ddp
 from global_batch import check_two_slice_records
 from sockets import free_port
 
@@ -335,9 +337,10 @@ def _wait_for(predicate, bound_s: float, what: str, detail) -> None:
 
 
 def _start_machine(
-    hosts: str, cluster_env, address, hosts_port, temp_dir, log_dir, slice_args=()
+    hosts: str, cluster_env, address, hosts_port, temp_dir, log_dir, slice_args=(), cpus=1
 ) -> Machine:
-    """``slice_args``: the slice these hosts are of (default host ``hosts`` of v4-16 'multi')."""
+    """``slice_args``: the slice these hosts are of (default host ``hosts`` of v4-16 'multi');
+    ``cpus``: each host node's."""
     tag = "-".join([hosts, *slice_args[1::2]]) if slice_args else hosts
     slice_args = list(slice_args) or ["--topology", "2x2x2", "--slice-name", "multi"]
     log = log_dir / f"machine-{tag}.log"
@@ -353,6 +356,8 @@ def _start_machine(
                 "v4",
                 "--hosts",
                 hosts,
+                "--num-cpus-per-host",
+                str(cpus),
                 "--address",
                 address,
                 "--hosts-port",
@@ -399,7 +404,7 @@ def _stop_machine(machine: Machine) -> None:
 
 
 @contextlib.contextmanager
-def _live_cluster(tpu_clusters, machines_args):
+def _live_cluster(tpu_clusters, machines_args, cpus_per_host=1):
     """A head and one `xlasim ray-node` machine per (hosts, slice arguments) of
     ``machines_args``, on a cluster of their own; all stopped on every exit path."""
     # Its nodes are started beside this process: no other cluster of this process runs then.
@@ -428,7 +433,9 @@ def _live_cluster(tpu_clusters, machines_args):
         # One machine after the other: each raylet must register within Ray's fixed 30 s.
         for hosts, slice_args in machines_args:
             machines.append(
-                _start_machine(hosts, env, address, hosts_port, temp_dir, log_dir, slice_args)
+                _start_machine(
+                    hosts, env, address, hosts_port, temp_dir, log_dir, slice_args, cpus_per_host
+                )
             )
             _join(machines[-1])
         yield LiveCluster(address, env, machines, temp_dir)
@@ -593,7 +600,8 @@ def test_two_slices_on_two_machines_train_as_one_slice(two_slice_cluster, tmp_pa
 
 @pytest.fixture(scope="module")
 def live_cluster(tpu_clusters):
-    with _live_cluster(tpu_clusters, [("0", ()), ("1", ())]) as cluster:
+    # A CPU per chip: Ray's own TorchTrainer gives each TPU worker one beside its chip.
+    with _live_cluster(tpu_clusters, [("0", ()), ("1", ())], cpus_per_host=4) as cluster:
         yield cluster
 
 
@@ -633,6 +641,62 @@ def test_an_unchanged_driver_trains_on_hosts_of_two_machines(live_cluster, tmp_p
     assert len(losses) == 4 and records[1]["losses"] == losses
     assert all(b < a for a, b in zip(losses, losses[1:], strict=False)), losses
     assert result["placement_groups_left"] == 0
+    _assert_nothing_left(live_cluster, tmp_path)
+
+
+_TORCH_TPU_DRIVER = r"""
+import json, sys
+out, storage, tests, bound = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+sys.path.insert(0, tests)
+import ray
+import ray.cloudpickle
+from ray.train import FailureConfig, RunConfig, ScalingConfig
+from ray.train.torch import TorchTrainer
+
+import torch_tpu_ddp
+from xlasim.ray.cluster import error_chain_text, fit_with_deadline
+
+ray.init()  # RAY_ADDRESS and RAY_RUNTIME_ENV_HOOK come from the environment
+ray.cloudpickle.register_pickle_by_value(torch_tpu_ddp)
+trainer = TorchTrainer(
+    torch_tpu_ddp.train_loop,
+    train_loop_config={"out": out},
+    scaling_config=ScalingConfig(
+        use_tpu=True,
+        topology="2x2x2",
+        accelerator_type="TPU-V4",
+        num_workers=8,
+        resources_per_worker={"TPU": 1},
+    ),
+    run_config=RunConfig(
+        name="torch-tpu", storage_path=storage, failure_config=FailureConfig(max_failures=0)
+    ),
+)
+result = {"error": None}
+try:
+    fit_with_deadline(trainer, bound)
+except Exception as exc:
+    result["error"] = error_chain_text(exc)
+print("RESULT " + json.dumps(result), flush=True)
+"""
+
+
+@pytest.mark.skipif(
+    torch.__version__ < "2.11",
+    reason=f"TorchTPU 0.2.0 needs torch >= 2.11, this is {torch.__version__}",
+)
+def test_rays_own_torch_trainer_trains_torch_tpu_ddp_on_the_machines(live_cluster, tmp_path):
+    # Ray 2.60's TorchTrainer(use_tpu=True) unchanged: tpu_dist, one worker per chip of both
+    # machines' hosts, TorchTPU loaded by Ray on each; losses as one eager CPU process's.
+    out_dir = tmp_path / "records"
+    out_dir.mkdir()
+    proc = _driver(
+        live_cluster, _TORCH_TPU_DRIVER, str(out_dir), str(tmp_path / "results"),
+        str(Path(__file__).parent), str(FIT_BOUND_S), cwd=tmp_path,
+    )  # fmt: skip
+    result = _finish(proc, "RESULT", DRIVER_BOUND_S)
+    assert result["error"] is None, result["error"]
+    torch_tpu_ddp.check_records(out_dir, hosts=2, chips=4)
     _assert_nothing_left(live_cluster, tmp_path)
 
 
