@@ -28,13 +28,3 @@ def test_missing_xlac_attribute_and_module_name_what_is_not_simulated():
         # the from-import form says the same, not just "cannot import name"
         with pytest.raises(NotImplementedError, match="'torch_xla.experimental.plugins'"):
             exec("from torch_xla.experimental import plugins")
-
-
-def test_jax_import_guard_says_jax_on_the_tpu_is_not_simulated():
-    # torch_xla 2.9's custom_kernel.jax_import_guard (its source: it initializes the runtime
-    # before JAX is imported) comes right before JAX code runs on the TPU
-    with xlasim.simulate("2x2x1", "v4"):
-        from torch_xla.experimental.custom_kernel import jax_import_guard
-
-        with pytest.raises(NotImplementedError, match=r"does not simulate JAX on the simulated"):
-            jax_import_guard()

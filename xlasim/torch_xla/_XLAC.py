@@ -18,7 +18,15 @@ from typing import Any
 
 import torch
 
-from xlasim.runtime import ir_scopes, manual, numerics, op_builder, optimizer_steps, state
+from xlasim.runtime import (
+    ir_scopes,
+    manual,
+    numerics,
+    op_builder,
+    optimizer_steps,
+    pallas,
+    state,
+)
 from xlasim.runtime.compiler.hlo_text import tensors_hlo
 from xlasim.runtime.debug_info import tensor_debug_info
 from xlasim.runtime.errors import aten_type_string, expected_xla_tensor
@@ -309,6 +317,32 @@ def _xla_user_computation(
     result = op_builder.evaluate(computation, [t._elem for t in tensors])
     values = [v.contiguous() for v in op_builder.flatten(result)]
     return list(user_computation(tensors, values, opname, computation.fingerprint))
+
+
+def _xla_tpu_custom_call(
+    inputs: Sequence[torch.Tensor],
+    payload: str,
+    output_shapes: Sequence[Sequence[int]],
+    output_dtypes: Sequence[torch.dtype],
+) -> list[torch.Tensor]:
+    """A Pallas kernel traced by ``trace_pallas`` on XLA tensors: one ``xla::tpu_custom_call``
+    IR node with an output per declared (shape, dtype), computed in JAX's TPU interpret mode."""
+    if not inputs:
+        raise RuntimeError("Check failed: inputs.size() > 0: inputs are empty")
+    tensors: list[XlaSimTensor] = []
+    for t in inputs:
+        if not isinstance(t, XlaSimTensor):
+            raise expected_xla_tensor(t, "")
+        if t._manual is not None:
+            raise NotImplementedError(
+                "xlasim does not run a Pallas kernel on manually sharded tensors"
+            )
+        tensors.append(t)
+    values = pallas.interpreter().run(
+        payload, [t._elem for t in tensors], output_shapes, output_dtypes
+    )
+    key = int.from_bytes(hashlib.sha256(payload.encode()).digest()[:8], "little")
+    return list(user_computation(tensors, values, "xla::tpu_custom_call", key))
 
 
 def _xla_computation_text(computation: op_builder.XlaComputation) -> str:

@@ -14,13 +14,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+# libtpu.py sets jax up for compiling only (CPU platform, 64-bit integers kept); lowering needs
+# the same settings, so it is imported for them and for its FX-to-jax walk. First: jax must be
+# imported inside libtpu's load environment, or loading libtpu leaves TPU variables behind.
+from xlasim.runtime.compiler import libtpu
+
+# isort: split
 import jax
 import torch
 from jax._src.interpreters import mlir
 
-# libtpu.py sets jax up for compiling only (CPU platform, 64-bit integers kept); lowering needs
-# the same settings, so it is imported for them and for its FX-to-jax walk.
-from xlasim.runtime.compiler import aten_to_jax, libtpu
+from xlasim.runtime.compiler import aten_to_jax
 
 
 @dataclass(frozen=True)

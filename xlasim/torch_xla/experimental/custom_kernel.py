@@ -15,9 +15,10 @@ padded with zeros) or where the kernel refuses them (its forward's lane tiling, 
 backward's block sizes, checked when the gradient is taken) raise ``NotImplementedError``
 saying why.
 
-Every other kernel of the module (paged and ragged attention, grouped matmul, int8 matmul,
-``trace_pallas``) needs JAX and a TPU to lower its Pallas code; it raises
-``NotImplementedError`` naming itself.
+Pallas kernels of the caller's own (``trace_pallas``, ``make_kernel_from_pallas``) run in
+JAX's TPU interpret mode where the ``tpu-compiler`` extra brings JAX
+(``xlasim.runtime.compiler.pallas``). The module's other kernels (paged and ragged attention,
+grouped matmul, int8 matmul) raise ``NotImplementedError`` naming themselves.
 """
 
 from __future__ import annotations
@@ -27,7 +28,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+import torch_xla
 import torch_xla.distributed.spmd as xs
+
+from xlasim.runtime.pallas import interpreter
 
 DEFAULT_MASK_VALUE = -0.7 * float(torch.finfo(torch.float32).max)
 
@@ -41,8 +45,8 @@ _NUM_LANES = 128
 
 def _needs_pallas(name: str) -> NotImplementedError:
     return NotImplementedError(
-        f"xlasim does not simulate Pallas TPU kernels "
-        f"(torch_xla.experimental.custom_kernel.{name}); it needs JAX and a TPU to lower"
+        f"xlasim does not simulate this Pallas TPU kernel "
+        f"(torch_xla.experimental.custom_kernel.{name})"
     )
 
 
@@ -57,40 +61,78 @@ def generate_ctx_need_grad(*args: Any) -> list[bool]:
 
 
 def jax_import_guard() -> None:
-    """torch_xla calls this before importing JAX so that torch_xla, not JAX, holds the TPU;
-    what follows is JAX on the TPU (Pallas kernels, JAX reference computations), which the
-    simulated TPU does not offer, so it says so here rather than fail later inside JAX."""
-    raise NotImplementedError(
-        "xlasim does not simulate JAX on the simulated TPU (torch_xla.experimental."
-        "custom_kernel.jax_import_guard): Pallas kernels and other JAX computations need "
-        "JAX's TPU backend; torch_xla's flash_attention is simulated without JAX"
-    )
+    """torch_xla calls this before importing JAX so that torch_xla, not JAX, holds the TPU.
+    The simulated TPU's JAX is JAX on the CPU, set up as the simulator's Pallas interpreter
+    uses it; without the tpu-compiler extra there is no JAX to import, which it says here
+    rather than fail later inside the caller's import."""
+    interpreter()
 
 
 def convert_torch_dtype_to_jax(dtype: torch.dtype) -> Any:
-    raise _needs_pallas("convert_torch_dtype_to_jax")
+    return interpreter().jax_dtype(dtype)
 
 
 def to_jax_shape_dtype_struct(tensor: torch.Tensor) -> Any:
-    raise _needs_pallas("to_jax_shape_dtype_struct")
+    layer = interpreter()
+    return layer.jax.ShapeDtypeStruct(tensor.shape, layer.jax_dtype(tensor.dtype))
 
 
-def trace_pallas(kernel: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    raise _needs_pallas("trace_pallas")
+# Payloads by traced call, when trace_pallas is asked to cache (torch_xla's name).
+trace_pallas_arg_to_payload: dict[tuple[Any, ...], str] = {}
 
 
-def trace_pallas_arg_to_payload(*args: Any, **kwargs: Any) -> Any:
-    raise _needs_pallas("trace_pallas_arg_to_payload")
+def trace_pallas(
+    kernel: Callable[..., Any],
+    *args: Any,
+    static_argnums: Any = None,
+    static_argnames: Any = None,
+    use_cache: bool = False,
+    **kwargs: Any,
+) -> tuple[str, list[torch.Tensor]]:
+    """(payload, tensor arguments) of ``kernel`` called with ``args``: the payload stands for
+    the kernel and its non-tensor arguments, and ``_xla_tpu_custom_call`` runs it on the
+    tensors in JAX's TPU interpret mode."""
+    layer = interpreter()
+    tensors = [a for a in args if torch.is_tensor(a)]
+    key: tuple[Any, ...] = ()
+    if use_cache:
+        shapes = tuple((tuple(a.shape), a.dtype) if torch.is_tensor(a) else a for a in args)
+        key = (
+            layer.jax.config.jax_default_matmul_precision,
+            kernel,
+            static_argnums,
+            tuple(static_argnames) if static_argnames is not None else None,
+            shapes,
+            repr(sorted(kwargs.items())).encode(),
+        )
+        if key in trace_pallas_arg_to_payload:
+            torch_xla._XLAC._xla_increment_counter("trace_pallas_cache_hit", 1)
+            return trace_pallas_arg_to_payload[key], tensors
+    payload = layer.trace(kernel, args, kwargs, static_argnums, static_argnames)
+    if use_cache:
+        trace_pallas_arg_to_payload[key] = payload
+    return payload, tensors
 
 
 def make_kernel_from_pallas(
     kernel: Callable[..., Any], output_shape_dtype_fn: Callable[..., Any]
 ) -> Callable[..., Any]:
-    """A callable for ``kernel``: made at once, as in torch_xla, which traces the kernel only
-    when it is called; calling it raises."""
+    """A function running ``kernel`` on xla tensors as one ``tpu_custom_call``;
+    ``output_shape_dtype_fn(*args)`` lists its outputs' (shape, dtype)."""
 
-    def wrapped_kernel(*args: Any, **kwargs: Any) -> Any:
-        raise _needs_pallas("make_kernel_from_pallas")
+    def wrapped_kernel(
+        *args: Any, static_argnums: Any = None, static_argnames: Any = None, **kwargs: Any
+    ) -> Any:
+        payload, tensors = trace_pallas(
+            kernel, *args, static_argnums=static_argnums, static_argnames=static_argnames,
+            **kwargs,
+        )  # fmt: skip
+        outputs = output_shape_dtype_fn(*args)
+        assert isinstance(outputs, list), "The output_shape_dtype_fn should return a list."
+        results = torch_xla._XLAC._xla_tpu_custom_call(
+            tensors, payload, [shape for shape, _ in outputs], [dtype for _, dtype in outputs]
+        )
+        return results[0] if len(results) == 1 else tuple(results)
 
     return wrapped_kernel
 

@@ -1,0 +1,203 @@
+"""Pallas TPU kernels run on the CPU by JAX's TPU interpret mode.
+
+On a TPU, torch_xla lowers a Pallas kernel with JAX into a Mosaic payload and runs it as one
+``tpu_custom_call``. Here the payload is a handle to the traced kernel itself: the custom call
+runs the kernel's own code in JAX's TPU interpret mode (JAX executes its grid, block specs,
+memory spaces and TPU primitives on the CPU), so what it returns is what the kernel
+computes, not a stand-in. Inside the kernel, float32 dots are computed as the CPU does them
+(exactly), where a TPU's Mosaic matmul may round them.
+
+A payload made elsewhere (Mosaic bytecode, e.g. pasted from a TPU run) cannot be interpreted:
+it raises ``NotImplementedError``. Part of the optional TPU-compiler layer (the
+``tpu-compiler`` extra): importing this module imports jax.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+# First: jax is imported inside libtpu's load environment, and set up as the rest of the layer
+# uses it (CPU platform, 64-bit integers kept).
+from xlasim.runtime.compiler import libtpu  # noqa: F401
+
+# isort: split
+import jax
+import ml_dtypes
+import numpy as np
+import torch
+from jax._src import config as jax_config
+from jax.experimental.pallas import tpu as pltpu
+
+HANDLE_PREFIX = "xlasim-pallas-kernel:"
+
+# torch dtypes JAX takes, with the numpy type their bytes are read as (torch's numpy bridge has
+# no bfloat16 or float8: those go through an integer view of the same width).
+_JAX_DTYPES: dict[torch.dtype, Any] = {
+    torch.float32: np.float32,
+    torch.float64: np.float64,
+    torch.float16: np.float16,
+    torch.bfloat16: ml_dtypes.bfloat16,
+    torch.int32: np.int32,
+    torch.int64: np.int64,
+    torch.int16: np.int16,
+    torch.int8: np.int8,
+    torch.uint8: np.uint8,
+    torch.bool: np.bool_,
+    torch.float8_e5m2: ml_dtypes.float8_e5m2,
+    torch.float8_e4m3fn: ml_dtypes.float8_e4m3fn,
+    torch.float8_e4m3fnuz: ml_dtypes.float8_e4m3fnuz,
+}
+_VIEWED = (torch.bfloat16, torch.float8_e5m2, torch.float8_e4m3fn, torch.float8_e4m3fnuz)
+_BYTE_VIEWS = {1: (torch.uint8, np.uint8), 2: (torch.int16, np.int16)}
+_TORCH_OF_NUMPY = {np.dtype(v): k for k, v in _JAX_DTYPES.items()}
+
+
+def jax_dtype(dtype: torch.dtype) -> Any:
+    """The JAX dtype of a torch dtype (``ValueError`` for one JAX has no match for)."""
+    if dtype not in _JAX_DTYPES:
+        raise ValueError(f"Unsupported dtype: {dtype}")
+    return jax.numpy.dtype(_JAX_DTYPES[dtype])
+
+
+def to_jax(t: torch.Tensor) -> jax.Array:
+    t = t.detach().contiguous()
+    if t.dtype in _VIEWED:
+        as_int = t.view(_BYTE_VIEWS[t.element_size()][0]).numpy()
+        return jax.numpy.asarray(as_int.view(_JAX_DTYPES[t.dtype]))
+    return jax.numpy.asarray(t.numpy())
+
+
+def to_torch(a: Any) -> torch.Tensor:
+    array = np.asarray(a)
+    dtype = _TORCH_OF_NUMPY.get(array.dtype)
+    if dtype is None:
+        raise NotImplementedError(f"xlasim: a Pallas kernel returned {array.dtype}, not simulated")
+    if dtype in _VIEWED:
+        numpy_int = _BYTE_VIEWS[array.itemsize][1]
+        return torch.from_numpy(array.view(numpy_int).copy()).view(dtype)
+    return torch.from_numpy(array.copy())
+
+
+# JAX on the simulated TPU is JAX on the CPU: every Pallas TPU kernel of the process (the
+# caller's own JAX code too, e.g. a reference computed with JAX's flash attention) runs in
+# interpret mode, where a TPU would run it compiled. jax keeps this option in its private
+# config; its public form is only the thread-local context manager.
+jax_config.pallas_tpu_interpret_mode_context_manager.set_global(pltpu.InterpretParams())
+
+
+@dataclass(frozen=True)
+class _Traced:
+    """A kernel with its call: ``args`` holds a ``jax.ShapeDtypeStruct`` where a tensor went."""
+
+    kernel: Callable[..., Any]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    static_argnums: Any
+    static_argnames: Any
+
+
+_traced: dict[str, _Traced] = {}
+_ids = itertools.count()
+
+
+def trace(
+    kernel: Callable[..., Any],
+    args: Sequence[Any],
+    kwargs: dict[str, Any],
+    static_argnums: Any = None,
+    static_argnames: Any = None,
+) -> str:
+    """A payload for ``kernel`` called with ``args`` (tensors where ``torch.is_tensor``),
+    shaped as torch_xla's (``{"custom_call_config": {"body": ...}}``)."""
+    body = f"{HANDLE_PREFIX}{next(_ids)}"
+    # Tensors as their shapes and dtypes: the kernel is traced on what trace_pallas saw, and
+    # the custom call's tensors are its pallas_call's operands (which may differ, e.g. a
+    # wrapper that broadcasts an argument before the call).
+    template = tuple(
+        jax.ShapeDtypeStruct(tuple(a.shape), jax_dtype(a.dtype)) if torch.is_tensor(a) else a
+        for a in args
+    )
+    _traced[body] = _Traced(kernel, template, dict(kwargs), static_argnums, static_argnames)
+    return json.dumps({"custom_call_config": {"body": body, "needs_layout_passes": True}})
+
+
+def _kernel_of(payload: str) -> _Traced:
+    try:
+        body = json.loads(payload)["custom_call_config"]["body"]
+    except (ValueError, KeyError, TypeError):
+        body = None
+    traced = _traced.get(body) if isinstance(body, str) else None
+    if traced is None:
+        raise NotImplementedError(
+            "xlasim runs a Pallas kernel only from the payload trace_pallas made for it in "
+            "this process (it interprets the kernel's JAX code); a Mosaic payload compiled "
+            "elsewhere cannot be run on the simulated TPU"
+        )
+    return traced
+
+
+def _pallas_calls(jaxpr: Any) -> list[Any]:
+    """The ``pallas_call`` equations of ``jaxpr``, nested ones (inside ``jit``) included."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "pallas_call":
+            found.append(eqn)
+            continue
+        for param in eqn.params.values():
+            inner = getattr(param, "jaxpr", param)
+            if hasattr(inner, "eqns"):
+                found.extend(_pallas_calls(inner))
+    return found
+
+
+def run(
+    payload: str,
+    inputs: Sequence[torch.Tensor],
+    output_shapes: Sequence[Sequence[int]],
+    output_dtypes: Sequence[torch.dtype],
+) -> list[torch.Tensor]:
+    """The kernel's outputs (CPU tensors) for ``inputs``, in interpret mode.
+
+    As on a TPU, the custom call is the kernel's one ``pallas_call`` applied to the tensors:
+    what the traced function does around it (a wrapper slicing or reshaping the kernel's
+    outputs, as JAX's flash attention does) is not part of it."""
+    traced = _kernel_of(payload)
+    function = jax.jit(
+        traced.kernel,
+        static_argnums=traced.static_argnums,
+        static_argnames=traced.static_argnames,
+    )
+    calls = _pallas_calls(function.trace(*traced.args, **traced.kwargs).jaxpr.jaxpr)
+    if len(calls) != 1:
+        raise NotImplementedError(
+            f"xlasim runs a traced function holding one pallas_call as a TPU custom call; "
+            f"this one holds {len(calls)}"
+        )
+    (call,) = calls
+    operands = [to_jax(t) for t in inputs]
+    given = [(tuple(o.shape), o.dtype) for o in operands]
+    wanted = [(tuple(v.aval.shape), v.aval.dtype) for v in call.invars]
+    if given != wanted:
+        raise NotImplementedError(
+            f"xlasim passes the custom call's tensors to the kernel's pallas_call as they are; "
+            f"its operands are {wanted}, the tensors {given}"
+        )
+    outs = [to_torch(a) for a in call.primitive.bind(*operands, **call.params)]
+    if len(outs) != len(output_shapes):
+        raise RuntimeError(
+            f"the Pallas kernel returned {len(outs)} outputs, the custom call expects "
+            f"{len(output_shapes)}"
+        )
+    checked = []
+    for out, shape, dtype in zip(outs, output_shapes, output_dtypes, strict=True):
+        if tuple(out.shape) != tuple(shape):
+            raise RuntimeError(
+                f"the Pallas kernel returned shape {tuple(out.shape)}, the custom call "
+                f"declares {tuple(shape)}"
+            )
+        checked.append(out.to(dtype))
+    return checked
