@@ -23,6 +23,7 @@ from xlasim.runtime.compiler.hlo_text import tensors_hlo
 from xlasim.runtime.debug_info import tensor_debug_info
 from xlasim.runtime.errors import aten_type_string, expected_xla_tensor
 from xlasim.runtime.graph import CompileError, CustomCall
+from xlasim.runtime.ir_text import tensors_ir_text
 from xlasim.runtime.memory import reserve, reshard, sent_bytes, settle
 from xlasim.runtime.settings import xla_env_flag
 from xlasim.runtime.shards import (
@@ -838,6 +839,10 @@ class XlaShardingSpec(TensorSharding):
 
 def _get_xla_tensors_hlo(tensors: Sequence[Any]) -> str:
     return tensors_hlo(_rt(), [xla_tensor(t) for t in tensors])
+
+
+def _get_xla_tensors_text(tensors: Sequence[Any]) -> str:
+    return tensors_ir_text(_rt(), [xla_tensor(t) for t in tensors])
 
 
 def _get_xla_tensor_debug_info(t: Any) -> str:
