@@ -22,6 +22,8 @@ from typing import Any, Protocol
 
 import torch
 
+from xlasim.runtime.donation import BufferDonors
+from xlasim.runtime.errors import xla_type
 from xlasim.runtime.hbm import HBM, settle_all
 from xlasim.runtime.metrics import Metrics
 from xlasim.runtime.settings import xla_env_flag, xla_env_int
@@ -347,6 +349,7 @@ class GraphCache:
         self._use_eager_mode = False
         self.allow_execution = True
         self.graph_name = ""
+        self.donors = BufferDonors()
 
     @property
     def traced_any(self) -> bool:
@@ -447,7 +450,13 @@ class GraphCache:
         return live
 
     def execute(
-        self, tensors: list[Any], *, sync_all: bool, spmd: bool, eager: bool = False
+        self,
+        tensors: list[Any],
+        *,
+        sync_all: bool,
+        spmd: bool,
+        eager: bool = False,
+        donate_ltc: bool | None = None,
     ) -> None:
         """Compiles (or reuses) and "runs" the graph that materializes ``tensors``.
 
@@ -456,7 +465,8 @@ class GraphCache:
         sync does in torch_xla. ``eager``: one op's own graph, run as eager mode does (torch_xla
         times those under the EagerOp* metrics). While execution is forbidden (inside
         ``torch_xla.compile(full_graph=True)``) a graph to run raises torch_xla's RuntimeError
-        and leaves the tensors pending.
+        and leaves the tensors pending. ``donate_ltc`` (by default ``sync_all``): whether the
+        buffers of tensors updated in place are donated, as at torch_xla's step barrier.
         """
         tensors = [t for t in tensors if t._node is not None]
         if not tensors:
@@ -465,9 +475,24 @@ class GraphCache:
             return
         if not self.allow_execution:
             raise _unexpected_execution(self.graph_name, len(tensors))
+        if donate_ltc is None:
+            donate_ltc = sync_all
         start = time.perf_counter_ns()
         nodes = [t._node for t in tensors]
         key = hash(tuple(n.hash for n in nodes))
+        inputs: list[Any] = []
+        user_donors: list[int] = []
+        if self.donors.marked or self.donors.deleted:
+            inputs = _graph_inputs(nodes)
+            self._check_not_deleted(inputs)
+            if _aliasing_on() and (donate_ltc or self.donors.user_config):
+                user_donors = self.donors.donors(inputs)
+                if user_donors:
+                    # torch_xla hashes the donated positions: those of the buffers of tensors
+                    # updated in place (at a step barrier) with the marked ones.
+                    own = _updated_keys(tensors) if donate_ltc else set()
+                    updated = {i for i, k in enumerate(inputs) if id(k) in own}
+                    key = hash((key, tuple(sorted(updated.union(user_donors)))))
         cached = self._lookup(key)
         site = _user_site()
         output_shardings = None
@@ -475,9 +500,28 @@ class GraphCache:
             output_shardings = self.compiler.compile_graph(tensors, key, site).output_shardings
         if sync_all:
             self.pending = []
-        record = self._record(tensors, nodes, key, cached, site, start, eager, sync_all)
+        aliases = _alias_count(tensors, donate_ltc, [inputs[i] for i in user_donors])
+        record = self._record(tensors, nodes, key, cached, site, start, eager, aliases)
         self.last_at_site[site] = record
         self._run(record, tensors, spmd, start, eager, output_shardings, counted=True)
+        if inputs:
+            self.donors.donate(inputs, user_donors)
+            for t in tensors:
+                if t._leaf is not None:
+                    self.donors.replaced(t._leaf[1])
+                    t._leaf = None  # new data: a key object of its own
+
+    def _check_not_deleted(self, inputs: list[Any]) -> None:
+        """A graph reading a donated (deleted) buffer fails, with PJRT's check."""
+        for key in inputs:
+            device = self.donors.deleted_on(key)
+            if device is not None:
+                shape, dtype = key[0], key[1]
+                text = f"{xla_type(dtype)}[{','.join(map(str, shape))}]"
+                raise RuntimeError(
+                    f"Check failed: !buffer->IsDeleted(): buffer with shape {text} on device "
+                    f"{device} is deleted"
+                )
 
     def warm_up(self, tensors: list[Any]) -> int | None:
         """Compiles (or finds in the cache) the graph that materializes ``tensors`` without
@@ -493,9 +537,7 @@ class GraphCache:
         site = _user_site()
         if self.compiler is not None:
             self.compiler.compile_graph(tensors, key, site)
-        self.last_at_site[site] = self._record(
-            tensors, nodes, key, cached, site, start, False, False
-        )
+        self.last_at_site[site] = self._record(tensors, nodes, key, cached, site, start, False, 0)
         return key
 
     def run_cached(self, tensors: list[Any], key: int, *, spmd: bool) -> None:
@@ -535,7 +577,7 @@ class GraphCache:
         site: str,
         start: int,
         eager: bool,
-        sync_all: bool,
+        aliases: int,
     ) -> GraphRecord:
         """The cache's record of graph ``key``; a new one is compiled (and timed) here."""
         record = self.compiled.get(key) if cached else None
@@ -546,7 +588,7 @@ class GraphCache:
                 self._note_recompilation(record)
             self._store(record)
             if not cached:
-                self._metrics.add_sample("InputOutputAliasCount", _buffer_donors(tensors, sync_all))
+                self._metrics.add_sample("InputOutputAliasCount", aliases)
                 self._metrics.add_sample(
                     "EagerOpCompileTime" if eager else "CompileTime", time.perf_counter_ns() - start
                 )
@@ -639,17 +681,48 @@ def _python_frames(limit: int) -> list[str]:
     return frames
 
 
-def _buffer_donors(tensors: list[Any], step_barrier: bool) -> int:
+def _aliasing_on() -> bool:
+    return xla_env_flag("XLA_ENABLE_PARAM_ALIASING", "1")
+
+
+def _alias_count(tensors: list[Any], step_barrier: bool, user_donors: list[Any]) -> int:
     """How many input buffers a newly compiled program donates to its outputs.
 
     torch_xla donates the device data of tensors updated in place, only at a step barrier
     (``torch_xla.sync()``: a sync for ``.cpu()`` still needs the old values), unless
     ``XLA_ENABLE_PARAM_ALIASING`` is off. Rank-0 tensors do not donate (measured on torch_xla
     2.9: 0 for a 0-dim ``+=``, 1 for ranks 1 and 2, created on or moved to the device).
+    Buffers user code marked (``user_donors``, their keys) add to those, each buffer once.
     """
-    if not step_barrier or not xla_env_flag("XLA_ENABLE_PARAM_ALIASING", "1"):
+    if not _aliasing_on():
         return 0
-    return sum(1 for t in tensors if t._aliased and t.dim() > 0)
+    updated = [t for t in tensors if t._aliased and t.dim() > 0] if step_barrier else []
+    own = _updated_keys(updated)
+    return len(updated) + sum(1 for key in user_donors if id(key) not in own)
+
+
+def _updated_keys(tensors: list[Any]) -> set[int]:
+    """The buffers (their key objects' ids) that tensors updated in place held before."""
+    return {id(t._leaf[1]) for t in tensors if t._aliased and t.dim() > 0 and t._leaf is not None}
+
+
+def _graph_inputs(nodes: list[Node]) -> list[Any]:
+    """The distinct device-data inputs (their keys) of the graph computing ``nodes``, in the
+    order the graph first reads them."""
+    inputs: list[Any] = []
+    seen: set[int] = set()
+    stack: list[Any] = list(reversed(nodes))
+    while stack:
+        item = stack.pop()
+        if id(item) in seen:
+            continue
+        if isinstance(item, tuple):
+            seen.add(id(item))
+            inputs.append(item)
+        elif isinstance(item, Node):
+            seen.add(id(item))
+            stack.extend(reversed(item.inputs))
+    return inputs
 
 
 def _settle_output_shardings(

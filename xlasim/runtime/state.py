@@ -115,10 +115,6 @@ class SimRuntime:
     """torch_xla's mat-mul precision for 32-bit inputs (``torch_xla.backends``); a process-wide
     C++ setting in torch_xla, so one per runtime here, starting at torch_xla's default unless
     ``XLASIM_MAT_MUL_PRECISION`` names another."""
-    alias_with_buffer_donor: bool = False
-    """torch_xla's switch for aliasing the buffers user code marked as donors
-    (``_xla_set_enable_alias_with_buffer_donor_config``); process-wide in torch_xla. The
-    simulator takes no donor marks, so nothing reads it but its getter."""
     numerics: str = field(default_factory=lambda: env_choice(NUMERICS_ENV, NUMERICS, NUMERICS[0]))
     """``XLASIM_NUMERICS`` when the simulation started: ``tpu`` or ``exact``."""
     float_storage: str | None = None

@@ -1208,20 +1208,40 @@ def wrap_factory(elem: torch.Tensor, device: torch.device | None) -> XlaSimTenso
     return t
 
 
-def materialize(tensors: list[XlaSimTensor], compile_error: type[Exception] = RuntimeError) -> None:
+def materialize(
+    tensors: list[XlaSimTensor],
+    compile_error: type[Exception] = RuntimeError,
+    *,
+    donate_ltc: bool = False,
+) -> None:
     """Runs the graph needed for ``tensors`` only (what ``_to_cpu`` does in torch_xla).
 
     A graph the real compiler rejects raises ``compile_error`` with its message: RuntimeError
-    from aten ops, ValueError from torch_xla's pybind functions.
+    from aten ops, ValueError from torch_xla's pybind functions. ``donate_ltc``: the buffers of
+    tensors updated in place are donated, as at a step barrier (``_xla_sync_multi``).
     """
     for t in tensors:
         owned(t)
+        if t._node is None and t._rt.graphs.donors.deleted:
+            _check_not_donated(t)
     if any(t._node is not None for t in tensors):
         runtime = _runtime.current()
         try:
-            runtime.graphs.execute(tensors, sync_all=False, spmd=runtime.spmd)
+            runtime.graphs.execute(
+                tensors, sync_all=False, spmd=runtime.spmd, donate_ltc=donate_ltc
+            )
         except CompileError as exc:
             raise compile_error(str(exc)) from None
+
+
+def _check_not_donated(t: XlaSimTensor) -> None:
+    """Reading data whose buffer a graph was given (``_set_buffer_donation``) fails as in
+    torch_xla; the tensor ID is the simulator's own numbering."""
+    if t._rt.graphs.donors.deleted_on(leaf_input(t)) is not None:
+        raise RuntimeError(
+            f"Check failed: handle->HasValue(): Trying to access XLA data for tensor with ID "
+            f"{t._seq} while an async operation is in flight: UNKNOWN_SCALAR[]"
+        )
 
 
 def _to_device_target(kwargs: dict[str, Any]) -> torch.device | None:

@@ -31,6 +31,7 @@ from xlasim.runtime.compiler.hlo_text import tensors_hlo
 from xlasim.runtime.debug_info import tensor_debug_info
 from xlasim.runtime.errors import aten_type_string, expected_xla_tensor
 from xlasim.runtime.graph import CompileError, CustomCall
+from xlasim.runtime.ir_text import tensors_ir_text
 from xlasim.runtime.memory import reserve, reshard, sent_bytes, settle
 from xlasim.runtime.settings import xla_env_flag
 from xlasim.runtime.shards import (
@@ -45,6 +46,7 @@ from xlasim.runtime.tensor import (
     add_custom_sharding,
     add_optimization_barrier,
     ir_hash,
+    leaf_input,
     mark_uploaded,
     materialize,
     note_write,
@@ -216,7 +218,12 @@ def _get_current_graph_name() -> str:
 def _xla_sync_multi(
     tensors: list[torch.Tensor], devices: Any = (), wait: bool = True, sync_xla_data: bool = True
 ) -> None:
-    materialize([t for t in tensors if isinstance(t, XlaSimTensor)], ValueError)
+    # ``sync_xla_data`` makes it a step barrier for aliasing: in-place updates donate.
+    materialize(
+        [t for t in tensors if isinstance(t, XlaSimTensor)],
+        ValueError,
+        donate_ltc=bool(sync_xla_data),
+    )
 
 
 def _xla_tensors_from_aten(
@@ -455,12 +462,36 @@ def _xla_set_enable_alias_with_buffer_donor_config(
             f"Invoked with: {enable_user_config_alias!r}"
         )
     _checked_xla_device(device)
-    _rt().alias_with_buffer_donor = bool(enable_user_config_alias)
+    _rt().graphs.donors.user_config = bool(enable_user_config_alias)
 
 
 def _xla_get_enable_alias_with_buffer_donor_config(device: str = "") -> bool:
     _checked_xla_device(device)
-    return _rt().alias_with_buffer_donor
+    return _rt().graphs.donors.user_config
+
+
+def _set_buffer_donation(tensor: Any, should_donate: bool) -> bool:
+    """Marks the tensor's device data for donation to the next graph that reads it (see
+    ``runtime.donation``); False, changing nothing, for a pending op's result."""
+    t = xla_tensor(tensor)
+    if t._node is not None:
+        return False
+    rt = _rt()
+    device = rt.real_devices()[t._device.index or 0]
+    rt.graphs.donors.mark(leaf_input(t), t, device, bool(should_donate))
+    rt.metrics.inc("XlaSetBufferDonation")
+    return True
+
+
+def _get_buffer_donation(tensor: Any) -> bool:
+    t = xla_tensor(tensor)
+    return t._node is None and _rt().graphs.donors.is_marked(leaf_input(t))
+
+
+def _is_placecholder(tensor: Any) -> bool:
+    """Whether the tensor's device buffer was donated away (torch_xla's spelling)."""
+    t = xla_tensor(tensor)
+    return t._node is None and _rt().graphs.donors.deleted_on(leaf_input(t)) is not None
 
 
 def _xla_set_rng_seed(seed: int, device: str = "") -> None:
@@ -842,6 +873,10 @@ class XlaShardingSpec(TensorSharding):
 
 def _get_xla_tensors_hlo(tensors: Sequence[Any]) -> str:
     return tensors_hlo(_rt(), [xla_tensor(t) for t in tensors])
+
+
+def _get_xla_tensors_text(tensors: Sequence[Any]) -> str:
+    return tensors_ir_text(_rt(), [xla_tensor(t) for t in tensors])
 
 
 def _get_xla_tensor_debug_info(t: Any) -> str:

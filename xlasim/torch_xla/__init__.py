@@ -9,6 +9,7 @@ from xlasim.runtime import dynamo_tensors
 
 from . import (
     _XLAC,  # noqa: F401
+    _patched_functions,
     experimental,  # noqa: E402,F401 - torch_xla.experimental.eager_mode() needs no import
     runtime,  # noqa: E402,F401
 )
@@ -41,6 +42,9 @@ from .version import __version__
 
 # torch.compile traces the simulated device tensors as torch_xla's own (and takes its settings).
 dynamo_tensors.install()
+
+# Importing torch_xla replaces torch's gradient clipping with its own.
+_patched_functions._apply_patches()
 
 # The simulated TPU host has libtpu; it is what picks PJRT_DEVICE=TPU when none is set.
 _found_libtpu = True

@@ -10,6 +10,7 @@ import ast
 from typing import Any
 
 import torch
+import torch_xla
 import torch_xla.distributed.spmd as xs
 
 from xlasim.runtime import custom_ops
@@ -29,10 +30,9 @@ def dynamo_mark_sharding(
 
 
 def dynamo_set_buffer_donor_(t: torch.Tensor, should_donoate: bool) -> torch.Tensor:
-    raise NotImplementedError(
-        "xlasim does not simulate buffer donation marks (xla::dynamo_set_buffer_donor_, "
-        "torch_xla._XLAC._set_buffer_donation)"
-    )
+    """Marks the device tensor's buffer for donation, handing the tensor back."""
+    torch_xla._XLAC._set_buffer_donation(t, should_donoate)
+    return t
 
 
 custom_ops.set_device_kernel("dynamo_mark_sharding", dynamo_mark_sharding)

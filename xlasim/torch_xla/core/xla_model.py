@@ -853,13 +853,34 @@ def send_cpu_data_to_device(datas: Any, device: Any, input_sharding: Any = None)
     leaves, structure = torch.utils._pytree.tree_flatten(
         [datas] if type(datas) is torch.Tensor else datas
     )
-    # Plain CPU tensors only: subclasses and device tensors stay where they are.
-    slots = [i for i, v in enumerate(leaves) if type(v) is torch.Tensor and v.device.type == "cpu"]
+    slots: list[tuple[list[Any], int]] = []
+    wrapped: list[tuple[list[Any], int, Any, list[Any], Any]] = []
+    _gather_cpu_tensors(leaves, slots, wrapped)
     if slots:
-        tensors = [leaves[i] for i in slots]
+        tensors = [where[i] for where, i in slots]
         shardings = _input_shardings(tensors, input_sharding)
         targets = [str(device)] * len(tensors)
         moved = torch_xla._XLAC._xla_tensors_from_aten(tensors, targets, shardings)
-        for i, tensor in zip(slots, moved, strict=True):
-            leaves[i] = tensor
+        for (where, i), tensor in zip(slots, moved, strict=True):
+            where[i] = tensor
+    # Inner wrappers come first in ``wrapped``: an outer one is rebuilt around rebuilt ones.
+    for where, i, wrapper, inner, spec in wrapped:
+        where[i] = wrapper.from_tensors(torch.utils._pytree.tree_unflatten(inner, spec))
     return torch.utils._pytree.tree_unflatten(leaves, structure)
+
+
+def _gather_cpu_tensors(
+    leaves: list[Any],
+    slots: list[tuple[list[Any], int]],
+    wrapped: list[tuple[list[Any], int, Any, list[Any], Any]],
+) -> None:
+    """The places of the CPU tensors to move among ``leaves``: plain CPU tensors only
+    (subclasses and device tensors stay where they are), those a ``DataWrapper`` hands over
+    included; the wrappers, to rebuild around the moved tensors."""
+    for i, v in enumerate(leaves):
+        if type(v) is torch.Tensor and v.device.type == "cpu":
+            slots.append((leaves, i))
+        elif isinstance(v, xu.DataWrapper):
+            inner, spec = torch.utils._pytree.tree_flatten(v.get_tensors())
+            _gather_cpu_tensors(inner, slots, wrapped)
+            wrapped.append((leaves, i, v, inner, spec))
