@@ -89,6 +89,7 @@ LOG_DIR = _private_log_dir()
 
 with _libtpu_load_env(LOG_DIR):
     import jax
+    from jax._src import config as jax_config
     from jax._src.lib import xla_client  # the GSPMD sharding proto
     from jax._src.sharding_impls import GSPMDSharding
     from jax.experimental import topologies
@@ -100,9 +101,21 @@ jax.config.update("jax_platforms", "cpu")
 # torch_xla 2.9 partitions with GSPMD, and GSPMD shardings take any device order; Shardy (jax's
 # default) would need one mesh for all inputs.
 jax.config.update("jax_use_shardy_partitioner", False)
-# torch_xla keeps int64 tensors as s64 on a TPU (XLA_USE_32BIT_LONG is off by default); jax
-# would narrow them to int32 (with a warning per op) and under-count their bytes.
-jax.config.update("jax_enable_x64", True)
+
+
+@contextlib.contextmanager
+def wide_integers() -> Iterator[None]:
+    """jax with 64-bit types, for what this layer traces and lowers: torch_xla keeps int64
+    tensors as s64 on a TPU (XLA_USE_32BIT_LONG is off by default), where jax would narrow them
+    to int32 (with a warning per op) and under-count their bytes. Scoped to the calling thread
+    (jax's thread-local setting), not set for the process: JAX code of the program itself
+    (Pallas kernels, JAX references) runs with jax's defaults, as on a TPU VM."""
+    previous = jax_config.enable_x64.swap_local(True)
+    try:
+        yield
+    finally:
+        jax_config.enable_x64.set_local(previous)
+
 
 aten = torch.ops.aten
 
@@ -622,6 +635,10 @@ class LibtpuCompiler:
         return result
 
     def compile(self, graph: ReplayedGraph, key: int = 0, site: str = "") -> CompiledGraph:
+        with wide_integers():
+            return self._compile(graph, key, site)
+
+    def _compile(self, graph: ReplayedGraph, key: int, site: str) -> CompiledGraph:
         start = time.perf_counter()
         shardings = [jax_sharding(i.sharding, self.devices) for i in graph.inputs]
         avals = [

@@ -4,8 +4,8 @@ On a TPU, torch_xla lowers a Pallas kernel with JAX into a Mosaic payload and ru
 ``tpu_custom_call``. Here the payload is a handle to the traced kernel itself: the custom call
 runs the kernel's own code in JAX's TPU interpret mode (JAX executes its grid, block specs,
 memory spaces and TPU primitives on the CPU), so what it returns is what the kernel
-computes, not a stand-in. Inside the kernel, float32 dots are computed as the CPU does them
-(exactly), where a TPU's Mosaic matmul may round them.
+computes, not a stand-in (its dots rounded as the interpreter rounds them, not necessarily as
+a TPU's matrix unit does).
 
 A payload made elsewhere (Mosaic bytecode, e.g. pasted from a TPU run) cannot be interpreted:
 it raises ``NotImplementedError``. Part of the optional TPU-compiler layer (the
@@ -31,6 +31,9 @@ import numpy as np
 import torch
 from jax._src import config as jax_config
 from jax.experimental.pallas import tpu as pltpu
+from jax.experimental.pallas.ops.tpu.paged_attention import (
+    paged_attention_kernel as jax_paged_attention,
+)
 
 HANDLE_PREFIX = "xlasim-pallas-kernel:"
 
@@ -98,6 +101,9 @@ class _Traced:
     kwargs: dict[str, Any]
     static_argnums: Any
     static_argnames: Any
+    # The custom call's tensors are the function's own tensor arguments and it runs the whole
+    # function (the simulator's wrappers of JAX's kernels), not only its pallas_call.
+    whole: bool = False
 
 
 _traced: dict[str, _Traced] = {}
@@ -110,6 +116,7 @@ def trace(
     kwargs: dict[str, Any],
     static_argnums: Any = None,
     static_argnames: Any = None,
+    whole: bool = False,
 ) -> str:
     """A payload for ``kernel`` called with ``args`` (tensors where ``torch.is_tensor``),
     shaped as torch_xla's (``{"custom_call_config": {"body": ...}}``)."""
@@ -121,7 +128,7 @@ def trace(
         jax.ShapeDtypeStruct(tuple(a.shape), jax_dtype(a.dtype)) if torch.is_tensor(a) else a
         for a in args
     )
-    _traced[body] = _Traced(kernel, template, dict(kwargs), static_argnums, static_argnames)
+    _traced[body] = _Traced(kernel, template, dict(kwargs), static_argnums, static_argnames, whole)
     return json.dumps({"custom_call_config": {"body": body, "needs_layout_passes": True}})
 
 
@@ -171,6 +178,13 @@ def run(
         static_argnums=traced.static_argnums,
         static_argnames=traced.static_argnames,
     )
+    if traced.whole:
+        values = iter(inputs)
+        args = [
+            to_jax(next(values)) if isinstance(a, jax.ShapeDtypeStruct) else a for a in traced.args
+        ]
+        result = jax.tree_util.tree_leaves(function(*args, **traced.kwargs))
+        return _checked([to_torch(a) for a in result], output_shapes, output_dtypes)
     calls = _pallas_calls(function.trace(*traced.args, **traced.kwargs).jaxpr.jaxpr)
     if len(calls) != 1:
         raise NotImplementedError(
@@ -187,6 +201,14 @@ def run(
             f"its operands are {wanted}, the tensors {given}"
         )
     outs = [to_torch(a) for a in call.primitive.bind(*operands, **call.params)]
+    return _checked(outs, output_shapes, output_dtypes)
+
+
+def _checked(
+    outs: list[torch.Tensor],
+    output_shapes: Sequence[Sequence[int]],
+    output_dtypes: Sequence[torch.dtype],
+) -> list[torch.Tensor]:
     if len(outs) != len(output_shapes):
         raise RuntimeError(
             f"the Pallas kernel returned {len(outs)} outputs, the custom call expects "
@@ -201,3 +223,8 @@ def run(
             )
         checked.append(out.to(dtype))
     return checked
+
+
+def paged_attention_kernel() -> Callable[..., Any]:
+    """JAX's Pallas paged-attention kernel function (what torch_xla's wrapper runs)."""
+    return jax_paged_attention.paged_attention

@@ -40,6 +40,15 @@ def lower_graph(
 ) -> Lowered:
     """``module`` as a StableHLO function of ``inputs`` (shape, dtype), one per placeholder that
     ``fixed`` (placeholder position -> Python value baked into the program) does not name."""
+    with libtpu.wide_integers():
+        return _lower(module, fixed, inputs)
+
+
+def _lower(
+    module: torch.fx.GraphModule,
+    fixed: dict[int, Any],
+    inputs: Sequence[tuple[Sequence[int], torch.dtype]],
+) -> Lowered:
     run_graph = libtpu.jax_function(module)
     positions = sum(1 for n in module.graph.nodes if n.op == "placeholder")
 

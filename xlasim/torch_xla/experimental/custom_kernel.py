@@ -544,8 +544,37 @@ def repeat_with_fixed_output_size(
 # -- kernels that only exist as Pallas code -------------------------------------------------
 
 
-def paged_attention(*args: Any, **kwargs: Any) -> torch.Tensor:
-    raise _needs_pallas("paged_attention")
+def paged_attention(
+    q: torch.Tensor,
+    k_pages: torch.Tensor,
+    v_pages: torch.Tensor,
+    lengths: torch.Tensor,
+    page_indices: torch.Tensor,
+    pages_per_compute_block: int,
+    megacore_mode: str | None = None,
+    attn_logits_soft_cap: float | None = None,
+) -> torch.Tensor:
+    """Decode attention over paged keys and values: JAX's Pallas paged-attention kernel, run
+    in JAX's TPU interpret mode as one ``tpu_custom_call`` (the tpu-compiler extra)."""
+    assert megacore_mode in ["kv_head", "batch", None], (
+        "megacore_mode must be one of ['kv_head', 'batch', None]."
+    )
+    layer = interpreter()
+    payload = layer.trace(
+        layer.paged_attention_kernel(),
+        (q, k_pages, v_pages, lengths, page_indices),
+        {
+            "pages_per_compute_block": pages_per_compute_block,
+            "megacore_mode": megacore_mode,
+            "attn_logits_soft_cap": attn_logits_soft_cap,
+        },
+        static_argnames=["pages_per_compute_block", "megacore_mode", "attn_logits_soft_cap"],
+        whole=True,
+    )
+    (out,) = torch_xla._XLAC._xla_tpu_custom_call(
+        [q, k_pages, v_pages, lengths, page_indices], payload, [q.shape], [q.dtype]
+    )
+    return out
 
 
 def paged_attention_xla(*args: Any, **kwargs: Any) -> torch.Tensor:
