@@ -94,6 +94,26 @@ class CustomCall:
         return spec if spec is None or isinstance(spec, str) else spec.spec_string()
 
 
+class ManualCollective:
+    """torch_xla's SPMD collective IR node inside a manual region (``_xla_spmd_all_reduce``,
+    ``_xla_spmd_reduce_scatter``): XLA ``kind`` over the device-id ``groups``, scattering
+    along ``dim`` (a reduce-scatter), its result multiplied by ``scale``."""
+
+    __slots__ = ("kind", "reduce_type", "scale", "groups", "dim", "shape")
+
+    def __init__(
+        self,
+        kind: str,
+        reduce_type: str,
+        scale: float,
+        groups: list[list[int]],
+        dim: int | None,
+        shape: tuple[int, ...],
+    ) -> None:
+        self.kind, self.reduce_type, self.scale = kind, reduce_type, scale
+        self.groups, self.dim, self.shape = groups, dim, shape
+
+
 # Switched on by the TPU compiler layer: nodes then keep their op's arguments so the graph can
 # be replayed for the compiler. Off, recording costs nothing.
 RECORD_CALLS = False
