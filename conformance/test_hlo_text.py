@@ -207,6 +207,28 @@ def test_matmul_transpose_reduce_and_reshapes(xla_target):
     )
 
 
+@pytest.mark.parametrize(
+    ("dtype", "name"),
+    [(torch.float8_e5m2, "f8e5m2"), (torch.float8_e4m3fn, "f8e4m3fn"), (torch.bfloat16, "bf16")],
+)
+def test_a_dot_of_narrow_floats_keeps_their_type(xla_target, dtype, name):
+    # pytorch/xla's TPU CI (test_fp8.py) looks for the float8 types around the dot.
+    x = torch.randn(3, 5).to(dtype).to("xla")
+    w = torch.randn(5, 8).to(dtype).to("xla")
+    assert _hlo([x @ w]) == _text(
+        f"HloModule IrToHlo.5, entry_computation_layout={{({name}[5,8]{{1,0}}, "
+        f"{name}[3,5]{{1,0}})->({name}[3,8]{{1,0}})}}",
+        "",
+        f"ENTRY %IrToHlo.5 (p0.1: {name}[5,8], p1.2: {name}[3,5]) -> ({name}[3,8]) {{",
+        f"  %p1.2 = {name}[3,5]{{1,0}} parameter(1)",
+        f"  %p0.1 = {name}[5,8]{{1,0}} parameter(0)",
+        f"  %dot.3 = {name}[3,8]{{1,0}} dot({name}[3,5]{{1,0}} %p1.2, {name}[5,8]{{1,0}} "
+        "%p0.1), lhs_contracting_dims={1}, rhs_contracting_dims={0}",
+        f"  ROOT %tuple.4 = ({name}[3,8]{{1,0}}) tuple({name}[3,8]{{1,0}} %dot.3)",
+        "}",
+    )
+
+
 def _spmd_mesh(xla_target):
     import torch_xla.distributed.spmd as xs
     import torch_xla.runtime as xr
