@@ -68,12 +68,13 @@ def tpu_version(accelerator: str) -> str:
     return match.group(1)
 
 
-def own_port(entry: Entry, jobs: int) -> Entry:
-    """``entry`` to run alongside others: with ``MASTER_PORT`` set to a free port when the
-    script sets none. A TPU VM runs the CI's files one at a time, so each ``xla://`` group there
-    has torch_xla's default port (12355) to itself; two files run at once here would meet on it
-    and wait for each other's processes."""
-    if jobs == 1 or "MASTER_PORT" in entry.env:
+def own_port(entry: Entry) -> Entry:
+    """``entry`` with ``MASTER_PORT`` set to a free port when the script sets none. A TPU VM
+    runs the CI's files one at a time, so each ``xla://`` group there has torch_xla's default
+    port (12355) to itself; here two files run at once, or another measurement on the same
+    machine (even with ``jobs`` 1), would meet on it and fail to listen or wait for each
+    other's processes."""
+    if "MASTER_PORT" in entry.env:
         return entry
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -218,7 +219,7 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         (args.out_dir / SIDE).mkdir(parents=True, exist_ok=True)
         print(f"{len(jobs)} runs to make; logs in {args.out_dir}", file=sys.stderr)
         with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            futures = {pool.submit(run_side, own_port(e, args.jobs), SIDE, args): e for e in jobs}
+            futures = {pool.submit(run_side, own_port(e), SIDE, args): e for e in jobs}
             for fut in concurrent.futures.as_completed(futures):
                 entry, run = futures[fut], fut.result()
                 results.record(entry, SIDE, run)

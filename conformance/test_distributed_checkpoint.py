@@ -160,6 +160,31 @@ def test_manager_tracks_prunes_and_restores(xla_target, tmp_path, process_group)
         again.reached_preemption(15)
 
 
+def test_background_save_runs_the_managers_save(xla_target, tmp_path, process_group):
+    # save_async hands the instance's ``_save`` to its worker (torch_xla's name: pytorch/xla's
+    # own tests hold a background save by replacing it on the instance).
+    import threading
+
+    from torch_xla.experimental.distributed_checkpoint import CheckpointManager
+
+    saved = _linear(_mesh(xla_target, (4, 1)), (0, None), seed=8).state_dict()
+    manager = CheckpointManager(str(tmp_path), save_interval=10, chkpt_on_preemption=False)
+    release = threading.Event()
+    original = manager._save
+
+    def held(*args, **kwargs):
+        release.wait(timeout=60)
+        original(*args, **kwargs)
+
+    manager._save = held
+    assert manager.save_async(10, saved) is True
+    del manager._save
+    assert manager.all_steps() == []
+    release.set()
+    manager.join()
+    assert manager.all_steps() == [10]
+
+
 def test_manager_needs_a_process_group(xla_target, tmp_path):
     from torch_xla.experimental.distributed_checkpoint import CheckpointManager
 

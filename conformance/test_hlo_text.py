@@ -207,6 +207,28 @@ def test_matmul_transpose_reduce_and_reshapes(xla_target):
     )
 
 
+@pytest.mark.parametrize(
+    ("dtype", "name"),
+    [(torch.float8_e5m2, "f8e5m2"), (torch.float8_e4m3fn, "f8e4m3fn"), (torch.bfloat16, "bf16")],
+)
+def test_a_dot_of_narrow_floats_keeps_their_type(xla_target, dtype, name):
+    # pytorch/xla's TPU CI (test_fp8.py) looks for the float8 types around the dot.
+    x = torch.randn(3, 5).to(dtype).to("xla")
+    w = torch.randn(5, 8).to(dtype).to("xla")
+    assert _hlo([x @ w]) == _text(
+        f"HloModule IrToHlo.5, entry_computation_layout={{({name}[5,8]{{1,0}}, "
+        f"{name}[3,5]{{1,0}})->({name}[3,8]{{1,0}})}}",
+        "",
+        f"ENTRY %IrToHlo.5 (p0.1: {name}[5,8], p1.2: {name}[3,5]) -> ({name}[3,8]) {{",
+        f"  %p1.2 = {name}[3,5]{{1,0}} parameter(1)",
+        f"  %p0.1 = {name}[5,8]{{1,0}} parameter(0)",
+        f"  %dot.3 = {name}[3,8]{{1,0}} dot({name}[3,5]{{1,0}} %p1.2, {name}[5,8]{{1,0}} "
+        "%p0.1), lhs_contracting_dims={1}, rhs_contracting_dims={0}",
+        f"  ROOT %tuple.4 = ({name}[3,8]{{1,0}}) tuple({name}[3,8]{{1,0}} %dot.3)",
+        "}",
+    )
+
+
 def _spmd_mesh(xla_target):
     import torch_xla.distributed.spmd as xs
     import torch_xla.runtime as xr
@@ -317,6 +339,57 @@ def test_manual_sharding_custom_calls(xla_target):
         "%custom-call.2, f32[8,8]{1,0} %custom-call.11)",
         "}",
     )
+
+
+def test_spmd_collectives_of_a_manual_region(xla_target):
+    # The SPMD all-reduce / reduce-scatter pytorch/xla's TPU CI (test_xla_sharding.py) checks:
+    # values and text on 4 devices.
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+    import torch_xla.distributed.spmd as xs
+
+    xs.set_global_mesh(_spmd_mesh(xla_target))
+    x = xs.enable_manual_sharding(torch.ones(8, 8).to("xla"), (None, None)).global_tensor
+    x = torch_xla._XLAC._xla_spmd_all_reduce(xm.REDUCE_SUM, x, 0.25, [[0, 1, 2, 3]])
+    x = xs.disable_manual_sharding(x, (None, None), x.shape).global_tensor
+    assert _hlo([x]) == _text(
+        "HloModule IrToHlo.14, entry_computation_layout={(f32[8,8]{1,0})->(f32[8,8]{1,0})}",
+        "",
+        "%AddComputation.3 (x.4: f32[], y.5: f32[]) -> f32[] {",
+        "  %x.4 = f32[] parameter(0)",
+        "  %y.5 = f32[] parameter(1)",
+        "  ROOT %add.6 = f32[] add(f32[] %x.4, f32[] %y.5)",
+        "}",
+        "",
+        "ENTRY %IrToHlo.14 (p0.1: f32[8,8]) -> (f32[8,8]) {",
+        "  %p0.1 = f32[8,8]{1,0} parameter(0), sharding={replicated}",
+        "  %custom-call.2 = f32[8,8]{1,0} custom-call(f32[8,8]{1,0} %p0.1), "
+        'custom_call_target="SPMDFullToShardShape", sharding={manual}',
+        "  %all-reduce.7 = f32[8,8]{1,0} all-reduce(f32[8,8]{1,0} %custom-call.2), "
+        "channel_id=1, replica_groups={{0,1,2,3}}, use_global_device_ids=true, "
+        "to_apply=%AddComputation.3",
+        "  %constant.8 = f32[] constant(0.25)",
+        "  %broadcast.9 = f32[8,8]{1,0} broadcast(f32[] %constant.8), dimensions={}",
+        "  %multiply.10 = f32[8,8]{1,0} multiply(f32[8,8]{1,0} %all-reduce.7, "
+        "f32[8,8]{1,0} %broadcast.9)",
+        "  %custom-call.11 = f32[8,8]{1,0} custom-call(f32[8,8]{1,0} %multiply.10), "
+        'custom_call_target="Sharding", sharding={manual}',
+        "  %custom-call.12 = f32[8,8]{1,0} custom-call(f32[8,8]{1,0} %custom-call.11), "
+        'custom_call_target="SPMDShardToFullShape", sharding={replicated}',
+        "  ROOT %tuple.13 = (f32[8,8]{1,0}) tuple(f32[8,8]{1,0} %custom-call.12)",
+        "}",
+    )
+    assert torch.equal(x.cpu(), torch.ones(8, 8))
+    y = xs.enable_manual_sharding(torch.ones(8, 8).to("xla"), (None, None)).global_tensor
+    y = torch_xla._XLAC._xla_spmd_reduce_scatter(xm.REDUCE_SUM, y, 1.0, -1, 4, [[0, 1, 2, 3]])
+    y = xs.disable_manual_sharding(y, (None, None), y.shape).global_tensor
+    text = _hlo([y])
+    assert (
+        "%reduce-scatter.7 = f32[8,2]{1,0} reduce-scatter(f32[8,8]{1,0} %custom-call.2), "
+        "channel_id=1, replica_groups={{0,1,2,3}}, use_global_device_ids=true, dimensions={1}, "
+        "to_apply=%AddComputation.3"
+    ) in text
+    assert torch.equal(y.cpu(), torch.full((8, 2), 4.0))
 
 
 def test_gradient_of_a_sharded_intermediate(xla_target):

@@ -29,6 +29,10 @@ _XLA_TYPES = {
     torch.bool: "pred",
     torch.complex64: "c64",
     torch.complex128: "c128",
+    torch.float8_e5m2: "f8e5m2",
+    torch.float8_e4m3fn: "f8e4m3fn",
+    torch.float8_e5m2fnuz: "f8e5m2fnuz",
+    torch.float8_e4m3fnuz: "f8e4m3fnuz",
 }
 
 _BROADCAST = re.compile(

@@ -16,7 +16,7 @@ import time
 import weakref
 import zlib
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -94,6 +94,26 @@ class CustomCall:
     def spec_text(self) -> str | None:
         spec = self.spec
         return spec if spec is None or isinstance(spec, str) else spec.spec_string()
+
+
+class ManualCollective:
+    """torch_xla's SPMD collective IR node inside a manual region (``_xla_spmd_all_reduce``,
+    ``_xla_spmd_reduce_scatter``): XLA ``kind`` over the device-id ``groups``, scattering
+    along ``dim`` (a reduce-scatter), its result multiplied by ``scale``."""
+
+    __slots__ = ("kind", "reduce_type", "scale", "groups", "dim", "shape")
+
+    def __init__(
+        self,
+        kind: str,
+        reduce_type: str,
+        scale: float,
+        groups: list[list[int]],
+        dim: int | None,
+        shape: tuple[int, ...],
+    ) -> None:
+        self.kind, self.reduce_type, self.scale = kind, reduce_type, scale
+        self.groups, self.dim, self.shape = groups, dim, shape
 
 
 # Switched on by the TPU compiler layer: nodes then keep their op's arguments so the graph can
@@ -220,6 +240,9 @@ class GraphRecord:
     inputs: tuple[InputInfo, ...]
     num_outputs: int
     executions: int = 0
+    # The mat-mul precision its float32 matmul-class ops were compiled at (None: it has none,
+    # or they are exact).
+    precision: str | None = None
 
 
 @dataclass
@@ -268,6 +291,38 @@ _LIBRARY_DIRS = (
     os.path.dirname(torch.__file__) + os.sep,
     os.path.join(os.path.dirname(_XLASIM_DIR), "tpu_backend") + os.sep,
 )
+
+
+# What the numerics module tells the cache (it sits above this module): the mat-mul precision
+# float32 matmul-class ops are computed at now (None where they are exact), and those ops.
+def _exact() -> str | None:
+    return None
+
+
+_precision_now: Callable[[], str | None] = _exact
+_precision_ops: frozenset[str] = frozenset()
+
+
+def watch_precision(level_of: Callable[[], str | None], ops: Iterable[Any]) -> None:
+    global _precision_now, _precision_ops
+    _precision_now, _precision_ops = level_of, frozenset(str(op) for op in ops)
+
+
+def _compiled_precision(record: GraphRecord) -> None:
+    """A compiled graph keeps the precision in force when it was compiled: torch_xla reads it
+    while lowering, and the graph hash does not cover it, so the cached graph runs at that
+    precision after a change. The simulator computed the ops at the new one: say so."""
+    now = _precision_now()
+    if record.precision is None or now is None or now == record.precision:
+        return
+    raise NotImplementedError(
+        f"xlasim does not simulate a cached graph keeping its mat-mul precision: this graph "
+        f"was compiled at {record.precision!r} and is traced again at {now!r}; torch_xla "
+        f"reuses the compiled graph (the precision is not in its hash) and computes at "
+        f"{record.precision!r}, the simulator computed at {now!r}. Set the precision once, "
+        "before the first device op"
+    )
+
 
 # torch_xla's in-memory compiled-graph cache holds XLA_COMPILATION_CACHE_SIZE graphs (LRU).
 DEFAULT_COMPILATION_CACHE_SIZE = 2048
@@ -493,6 +548,8 @@ class GraphCache:
                     own = _updated_keys(tensors) if donate_ltc else set()
                     updated = {i for i, k in enumerate(inputs) if id(k) in own}
                     key = hash((key, tuple(sorted(updated.union(user_donors)))))
+        if key in self.compiled:
+            _compiled_precision(self.compiled[key])
         cached = self._lookup(key)
         site = _user_site()
         output_shardings = None
@@ -584,6 +641,8 @@ class GraphCache:
         if record is None:
             ops, inputs = _collect(nodes)
             record = GraphRecord(key, site, ops, inputs, len(nodes))
+            if _precision_ops.intersection(ops):
+                record.precision = _precision_now()
             if not cached:
                 self._note_recompilation(record)
             self._store(record)

@@ -8,9 +8,11 @@ values into one global tensor under the sharding the caller names.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-from xlasim.runtime.graph import CustomCall, stable_id
+from xlasim.runtime.graph import CustomCall, ManualCollective, stable_id
 from xlasim.runtime.shards import place_shards
 from xlasim.runtime.state import SimRuntime
 from xlasim.runtime.tensor import XlaSimTensor, derived, make_manual, owned
@@ -47,6 +49,63 @@ def full_to_shard(rt: SimRuntime, x: XlaSimTensor, sharding: TensorSharding) -> 
         stable_id(sharding.op.to_string()),
         CustomCall("SPMDFullToShardShape", "{manual}", tuple(pieces[0].shape)),
     )
+    return make_manual(out, pieces)
+
+
+_REDUCERS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "sum": torch.add,
+    "mul": torch.mul,
+    "min": torch.minimum,
+    "max": torch.maximum,
+    "and": torch.bitwise_and,
+    "or": torch.bitwise_or,
+}
+
+
+def collective(
+    rt: SimRuntime,
+    x: XlaSimTensor,
+    reduce_type: str,
+    scale: float,
+    groups: list[list[int]],
+    scatter: tuple[int, int] | None = None,
+) -> XlaSimTensor:
+    """torch_xla's SPMD all-reduce (``scatter`` None) or reduce-scatter (``scatter`` = (dim,
+    shard count)) of manual tensor ``x``: each device combines the values of the devices in its
+    group (by device id) and, scattering, keeps its own piece."""
+    name = "_xla_spmd_all_reduce" if scatter is None else "_xla_spmd_reduce_scatter"
+    if x._manual is None:
+        raise NotImplementedError(
+            f"xlasim simulates torch_xla._XLAC.{name} only on manually sharded tensors "
+            "(inside xs.enable_manual_sharding / disable_manual_sharding)"
+        )
+    if reduce_type not in _REDUCERS:
+        raise RuntimeError(f"Unknown AllReduce type: {reduce_type}")
+    devices = rt.global_device_ids()
+    values = dict(zip(devices, x._manual, strict=True))
+    groups = [list(g) for g in groups] if groups else [list(devices)]
+    dim = None
+    pieces = []
+    for device in devices:
+        group = next((g for g in groups if device in g), None)
+        if group is None:
+            raise RuntimeError(f"{name}: device {device} is in none of the groups {groups}")
+        total = values[group[0]].clone()
+        for other in group[1:]:
+            total = _REDUCERS[reduce_type](total, values[other])
+        if scatter is not None:
+            dim, count = scatter[0] % total.dim(), scatter[1]
+            if count != len(group) or total.shape[dim] % count:
+                raise RuntimeError(
+                    f"{name}: dimension {dim} of size {total.shape[dim]} does not split into "
+                    f"{count} shards, one per device of the group {group}"
+                )
+            total = total.chunk(count, dim)[group.index(device)].clone()
+        pieces.append(total * scale if scale != 1.0 else total)
+    kind = "all-reduce" if scatter is None else "reduce-scatter"
+    args = ManualCollective(kind, reduce_type, scale, groups, dim, tuple(pieces[0].shape))
+    key = hash((stable_id(kind), stable_id(reduce_type), stable_id(str(groups)), dim))
+    out = derived(x, pieces[0], f"xla::{name.removeprefix('_xla_')}", key, args)
     return make_manual(out, pieces)
 
 

@@ -41,6 +41,7 @@ from typing import Any
 
 import torch
 
+from xlasim.runtime import graph as _graph
 from xlasim.runtime import state as _runtime
 from xlasim.runtime.settings import PRECISIONS
 
@@ -298,6 +299,8 @@ _EMULATED: dict[Any, _Maker] = _table()
 
 MATMUL_CLASS: tuple[Any, ...] = tuple(_EMULATED)
 """The ops whose float32 and bfloat16 forms the TPU's matrix unit computes."""
+
+_graph.watch_precision(level, MATMUL_CLASS)
 
 
 def emulated(op: Any, level_of: Callable[[], str | None] = level) -> Callable[..., Any] | None:

@@ -836,6 +836,29 @@ def _spmd_shard_to_full_shape(
     return out
 
 
+def _xla_spmd_all_reduce(
+    reduce_type: str, input: Any, scale: float, groups: list[list[int]]
+) -> Any:
+    x = xla_tensor(input)
+    out = manual.collective(_rt(), x, reduce_type, scale, groups)
+    out._sharding = _manual_spec(out)
+    return out
+
+
+def _xla_spmd_reduce_scatter(
+    reduce_type: str,
+    input: Any,
+    scale: float,
+    scatter_dim: int,
+    shard_count: int,
+    groups: list[list[int]],
+) -> Any:
+    x = xla_tensor(input)
+    out = manual.collective(_rt(), x, reduce_type, scale, groups, (scatter_dim, shard_count))
+    out._sharding = _manual_spec(out)
+    return out
+
+
 # -- input sharding (parallel loader) ----------------------------------------------------------
 class XlaShardingSpec(TensorSharding):
     """``torch_xla._XLAC.XlaShardingSpec(tensor, tile_assignment, group_assignment,

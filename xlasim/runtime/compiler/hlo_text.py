@@ -31,7 +31,7 @@ import torch
 from xlasim.runtime import graph as _graph
 from xlasim.runtime.debug_info import holds_data_ir
 from xlasim.runtime.errors import xla_type
-from xlasim.runtime.graph import CustomCall, Node
+from xlasim.runtime.graph import CustomCall, ManualCollective, Node
 from xlasim.runtime.state import SimRuntime, active
 from xlasim.runtime.tensor import leaf_input
 
@@ -79,7 +79,8 @@ SUPPORTED = (
     "scalar (autograd's seed), and torch_xla's "
     "custom-sharding nodes (mark_sharding of a pending value, annotate_custom_sharding, "
     "in-place updates of sharded tensors, _spmd_full_to_shard_shape, "
-    "_spmd_shard_to_full_shape), on float32 tensors"
+    "_spmd_shard_to_full_shape), the SPMD all-reduce and reduce-scatter of a manual region "
+    "(summing), on float32 tensors (mm on tensors of any one dtype)"
 )
 
 
@@ -163,6 +164,7 @@ class _Builder:
         self.instrs: list[_Instr] = []
         self.params: list[_Instr] = []
         self.subcomputations: list[str] = []
+        self.channels = 0  # the collectives' channel ids so far
 
     def take_id(self) -> int:
         self.next_id += 1
@@ -339,7 +341,7 @@ class _Lowering:
         ops: list[Any] = []
         if isinstance(item, Node):
             op = item.op
-            if isinstance(item.args, CustomCall) or op in _TENSOR_OPERANDS:
+            if isinstance(item.args, (CustomCall, ManualCollective)) or op in _TENSOR_OPERANDS:
                 ops = list(item.inputs)
             elif op is aten.addmm.default:  # torch_xla's node takes the bias last
                 ops = [item.inputs[1], item.inputs[2], item.inputs[0]]
@@ -392,8 +394,11 @@ class _Lowering:
             return b.parameter(xla_type(item[1]), tuple(item[0]), item[2])
         ins = [self.value(o) for o in self.ir_operands(item)]
         op, call = item.op, item.args
+        # A 2-D dot of two tensors of one dtype lowers alike for every dtype (measured for
+        # float8 and bfloat16); the other ops only on float32.
+        same_dtype_mm = op is aten.mm.default and len({x.dtype for x in ins}) == 1
         for x in ins:
-            if x.dtype != "f32":
+            if x.dtype != "f32" and not same_dtype_mm:
                 raise _unsupported(f"{op} on {x.dtype} tensors")
         if isinstance(call, CustomCall):
             x = ins[0]
@@ -408,6 +413,8 @@ class _Lowering:
                 f', custom_call_target="{call.target}"{spec}',
                 m2m=x.m2m if tuple(call.shape) == x.dims else None,
             )
+        if isinstance(call, ManualCollective):
+            return self.collective(call, ins[0])
         if op is aten.ones_like.default:
             return self.ones_like(item, dtype)
         if op is aten.max.dim:
@@ -471,6 +478,27 @@ class _Lowering:
                 raise _unsupported(f"{op} to the same shape or implicit")
             return b.expand(x, sizes)
         raise _unsupported(str(op))
+
+    def collective(self, call: ManualCollective, x: _Instr) -> _Instr:
+        """torch_xla's SPMD all-reduce / reduce-scatter: over global device ids, one channel
+        per collective of the graph, the scale a multiply after it."""
+        b = self.b
+        if call.reduce_type != "sum":
+            raise _unsupported(f"{call.kind} reducing by {call.reduce_type!r}")
+        _default_layout(x, call.kind)
+        to_apply = b.add_computation(x.dtype)
+        b.channels += 1
+        groups = ",".join("{" + _ints(g) + "}" for g in call.groups)
+        attrs = (
+            f", channel_id={b.channels}, replica_groups={{{groups}}}, use_global_device_ids=true"
+        )
+        if call.dim is not None:
+            attrs += f", dimensions={{{call.dim}}}"
+        out = b.op(call.kind, call.shape, [x], attrs + f", to_apply=%{to_apply}")
+        if call.scale == 1.0:
+            return out
+        scale = b.broadcast(b.constant(x.dtype, call.scale), call.shape)
+        return b.op("multiply", call.shape, [out, scale])
 
     def ones_like(self, node: Node, dtype: str) -> _Instr:
         """torch_xla's ``full``: a constant expanded to the shape, measured for a rank-0

@@ -17,6 +17,7 @@ import torch_xla.utils.utils as xu
 from torch import optim
 from typing_extensions import deprecated
 
+from xlasim.runtime import functional_collectives as _functional_collectives
 from xlasim.runtime import memory as _memory
 from xlasim.runtime import replicas as _replicas
 from xlasim.runtime import state as _runtime
@@ -216,10 +217,17 @@ def _reduce(reduce_type: str, rows: torch.Tensor) -> torch.Tensor:
         raise RuntimeError(f"Invalid reduce type: {reduce_type}")
     op = _REDUCERS[reduce_type]
     parts = rows.unbind(0)
-    result = parts[0]
+    result = parts[0].clone()  # a replica's own row is a view of its input
     for part in parts[1:]:
         result = op(result, part)
     return result
+
+
+def _count(binding: str) -> None:
+    """torch_xla counts each call of its collective bindings as ``xla::<binding>`` (the C++
+    function behind ``torch_xla._XLAC._xla_all_gather`` and the like, or the traceable
+    ``_c10d_functional`` op); tests check these to see which collective ran."""
+    _runtime.count("xla::" + binding)
 
 
 def _all_reduce_one(
@@ -243,7 +251,11 @@ def all_reduce(
         # torch_xla returns a clone with the scale NOT applied when there is one replica.
         return inputs.clone() if isinstance(inputs, torch.Tensor) else inputs
     if isinstance(inputs, torch.Tensor):
+        # The plain form is torch_xla's traceable ``_c10d_functional.all_reduce``.
+        plain = scale == 1.0 and not groups and pin_layout
+        _count("all_reduce" if plain else "AllReduce")
         return _all_reduce_one(reduce_type, inputs, scale, groups)
+    _count("AllReduceInPlace")
     with torch.no_grad():
         for tensor in inputs:
             tensor.copy_(_all_reduce_one(reduce_type, tensor, scale, groups))
@@ -300,6 +312,12 @@ def all_gather(
         raise TypeError(
             f"`value` needs to be a Tensor or a list of Tensors, but given {type(value)}."
         )
+    if pin_layout and output is None:
+        # torch_xla pins this layout by gathering through a padded all-reduce.
+        if runtime.world_size() > 1 or xu.getenv_as("XLA_ALWAYS_ALLREDUCE", bool, False):
+            _count("all_reduce" if not groups else "AllReduce")
+    else:
+        _count("AllGather" if output is None else "AllGatherOut")
     result = _all_gather_one(value, dim, groups)
     if output is not None:
         _into_output(output, result)
@@ -345,6 +363,7 @@ def reduce_scatter(
 ) -> Any:
     """The reduction over the replicas, split along ``scatter_dim``: each keeps its shard."""
     if isinstance(input, torch.Tensor):
+        _count("ReduceScatter" if output is None else "ReduceScatterOut")
         result = _reduce_scatter_one(reduce_type, input, scale, scatter_dim, shard_count, groups)
         if output is not None:
             _into_output(output, result)
@@ -509,6 +528,13 @@ def all_to_all(
     """Each replica's ``value`` split in ``split_count`` pieces along ``split_dimension``;
     replica ``i`` gets every replica's ``i``-th piece, concatenated along
     ``concat_dimension`` in replica order."""
+    _count("AllToAll")
+    return _all_to_all_one(value, split_dimension, concat_dimension, split_count, groups)
+
+
+def _all_to_all_one(
+    value: torch.Tensor, split_dimension: int, concat_dimension: int, split_count: int, groups: Any
+) -> torch.Tensor:
     rows, index, size = _replica_rows(value, groups, "all_to_all")
     if split_count != size:
         raise RuntimeError(
@@ -536,6 +562,55 @@ def collective_permute(value: torch.Tensor, pairs: list[list[int]]) -> torch.Ten
     if not sources:
         return torch.zeros_like(value)
     return rows[sources[0]].clone()
+
+
+def _whole_group(size: int) -> list[list[int]]:
+    return [list(range(size))]
+
+
+def _functional_all_reduce(value: torch.Tensor, reduce_op: str, group_name: str) -> torch.Tensor:
+    # torch_xla reduces over every replica whatever the group, with no scale.
+    _count("all_reduce")
+    if reduce_op not in _REDUCERS:
+        raise RuntimeError(f"Unknown AllReduce type: {reduce_op}")
+    return _all_reduce_one(reduce_op, value, 1.0, None)
+
+
+def _functional_all_gather(value: torch.Tensor, group_size: int, group_name: str) -> torch.Tensor:
+    _count("all_gather_into_tensor")
+    return _all_gather_one(value, 0, _whole_group(group_size))
+
+
+def _functional_reduce_scatter(
+    value: torch.Tensor, reduce_op: str, group_size: int, group_name: str
+) -> torch.Tensor:
+    # The scatter dim is always 0: the op's signature has none.
+    _count("reduce_scatter_tensor")
+    if reduce_op not in _REDUCERS:
+        raise ValueError(f"Invalid string for AllReduceType: {reduce_op}")
+    return _reduce_scatter_one(reduce_op, value, 1.0, 0, group_size, _whole_group(group_size))
+
+
+def _functional_all_to_all(
+    value: torch.Tensor,
+    output_split_sizes: list[int],
+    input_split_sizes: list[int],
+    group_name: str,
+) -> torch.Tensor:
+    # torch_xla splits dim 0 evenly over every device of the slice.
+    _count("all_to_all_single")
+    split_count = runtime.global_runtime_device_count()
+    if output_split_sizes and input_split_sizes:
+        even = value.shape[0] // split_count
+        if any(s != even for s in [*input_split_sizes, *output_split_sizes]):
+            raise RuntimeError("torch_xla does not support arbitrary split sizes for all_to_all")
+    return _all_to_all_one(value, 0, 0, split_count, _whole_group(split_count))
+
+
+_functional_collectives.set_kernel("all_reduce", _functional_all_reduce)
+_functional_collectives.set_kernel("all_gather_into_tensor", _functional_all_gather)
+_functional_collectives.set_kernel("reduce_scatter_tensor", _functional_reduce_scatter)
+_functional_collectives.set_kernel("all_to_all_single", _functional_all_to_all)
 
 
 def _point_to_point(name: str) -> NotImplementedError:
