@@ -437,6 +437,28 @@ def _xla_get_rng_seed(device: str = "") -> int:
     return _rt().rng_seed
 
 
+# torch_xla's id for the RNG seed's device data among a graph's inputs (a constant of its C++
+# side: -127389 on torch_xla 2.9).
+_SEED_INFO_ID = -127389
+
+
+def _get_seed_info_id() -> int:
+    return _SEED_INFO_ID
+
+
+def _get_base_seed_as_tensor(device: str) -> torch.Tensor:
+    """The device's RNG seed as an int64 scalar on the device: the seed last set, moved on by
+    each step that drew random numbers (torch_xla 2.9: equal to ``xm.get_rng_state()``)."""
+    if not device:
+        raise RuntimeError("Device string must not be empty")
+    return torch.tensor(_rt().rng_seed, dtype=torch.int64, device=device)
+
+
+def _check_tensor_need_materialization(tensors: Sequence[Any]) -> list[bool]:
+    """For each tensor, whether it holds pending IR rather than data (a CPU tensor: False)."""
+    return [isinstance(t, XlaSimTensor) and t._node is not None for t in tensors]
+
+
 # -- SPMD ------------------------------------------------------------------------------------
 class OpSharding(op_sharding.OpSharding):
     """``torch_xla._XLAC.OpSharding(tile_assignment, group_assignment, replication_groups,

@@ -69,11 +69,17 @@ def _extract(gm: torch.fx.GraphModule, args: tuple[Any, ...]) -> Callable[..., A
     def optimized_mod(*call_args: Any) -> Any:
         nonlocal traced, remaining_checks
         runtime = _state.current()
-        if not config.skip_input_data_check:
-            pending = [a for a in call_args if getattr(a, "_node", None) is not None]
-            if pending:
-                _xlac._xla_increment_counter("DynamoSyncInputExecuteTime", 1)
-                _xlac._xla_sync_multi(pending, devices=[], wait=True, sync_xla_data=True)
+        pending = [a for a in call_args if getattr(a, "_node", None) is not None]
+        if pending and config.skip_input_data_check:
+            # torch_xla runs its compiled program on the inputs' data and has none to run on.
+            raise RuntimeError(
+                "Check failed: !is_non_data_ir: input data to dynamo graph can not be a "
+                "pending ir, please set `torch_xla._dynamo.config.skip_input_data_check` to "
+                "False"
+            )
+        if pending:
+            _xlac._xla_increment_counter("DynamoSyncInputExecuteTime", 1)
+            _xlac._xla_sync_multi(pending, devices=[], wait=True, sync_xla_data=True)
         if runtime.spmd and remaining_checks > 0:
             # Dynamo's guards do not look at shardings: a changed one needs a new program.
             if _xlac._get_xla_sharding_specs(list(call_args)) != traced.input_specs:
