@@ -493,7 +493,28 @@ def _leaf_entry(t: XlaSimTensor) -> tuple[Any, tuple[Any, ...], int]:
     key = _leaf_key(t)
     entry = (sharding, key, hash((key[0], stable_id(key[1]), stable_id(key[2]))))
     t._leaf = entry
+    _DATA_HOLDERS[id(key)] = t
     return entry
+
+
+# A graph records a device-data input by its leaf key; this finds the tensor holding that data
+# (weakly: a graph does not keep its inputs' tensors alive), for the queries that list a
+# graph's device data as torch_xla's IR does.
+_DATA_HOLDERS: weakref.WeakValueDictionary[int, XlaSimTensor] = weakref.WeakValueDictionary()
+
+
+def data_holder(key: Any) -> XlaSimTensor | None:
+    """The live tensor whose device data a graph recorded as ``key`` (None when that tensor
+    is gone or holds other data now)."""
+    t = _DATA_HOLDERS.get(id(key))
+    if t is None or t._leaf is None or t._leaf[1] is not key:
+        return None
+    return t
+
+
+def device_data_key(t: XlaSimTensor) -> Any:
+    """The key graphs record for device-data tensor ``t`` as an input."""
+    return _leaf_entry(t)[1]
 
 
 def _ir_value(t: XlaSimTensor) -> tuple[Any, int]:

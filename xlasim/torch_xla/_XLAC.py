@@ -18,7 +18,15 @@ from typing import Any
 
 import torch
 
-from xlasim.runtime import ir_scopes, manual, numerics, op_builder, optimizer_steps, state
+from xlasim.runtime import (
+    graph_inputs,
+    ir_scopes,
+    manual,
+    numerics,
+    op_builder,
+    optimizer_steps,
+    state,
+)
 from xlasim.runtime.compiler.hlo_text import tensors_hlo
 from xlasim.runtime.debug_info import tensor_debug_info
 from xlasim.runtime.errors import aten_type_string, expected_xla_tensor
@@ -452,6 +460,31 @@ def _get_base_seed_as_tensor(device: str) -> torch.Tensor:
     if not device:
         raise RuntimeError("Device string must not be empty")
     return torch.tensor(_rt().rng_seed, dtype=torch.int64, device=device)
+
+
+def _xla_get_tensor_id(t: Any) -> int:
+    return graph_inputs.tensor_id(xla_tensor(t))
+
+
+def _get_tensors_xla_device_data_node(tensors: Sequence[Any]) -> tuple[list[int], list[Any]]:
+    """(ids, tensors) of the device data the tensors' graph reads; each returned tensor is a
+    new one on the same data, as torch_xla's."""
+    held = graph_inputs.device_data_inputs([xla_tensor(t) for t in tensors])
+    with torch.no_grad():
+        return [graph_inputs.tensor_id(t) for t in held], [t.detach() for t in held]
+
+
+def _get_tensors_handle(tensors: Sequence[Any]) -> list[int]:
+    """An opaque number per tensor naming its device buffer (aliases share it)."""
+    handles = []
+    for t in map(xla_tensor, tensors):
+        if t._buf is None:
+            raise NotImplementedError(
+                "xlasim does not simulate the handle of a tensor without device data of its "
+                "own (pending IR, or data still on the host)"
+            )
+        handles.append(id(t._buf))
+    return handles
 
 
 def _check_tensor_need_materialization(tensors: Sequence[Any]) -> list[bool]:

@@ -32,10 +32,15 @@ import torch_xla.runtime as xr
 import torch_xla.utils.utils as xu
 from torch.utils import _pytree as pytree
 from torch_xla._dynamo import config
+from torch_xla._dynamo.graph_input_matcher import GraphInputMatcher
 from torch_xla.experimental import eager_mode_context
+from torch_xla.utils.buffer_donor_context import alias_with_buffer_donor_config
 
 from xlasim.runtime import state as _state
 from xlasim.runtime.tensor import XlaSimTensor
+
+# Names torch_xla's bridge module has too (its tests import them from here).
+__all__ = ["GraphInputMatcher", "alias_with_buffer_donor_config", "extract_compiled_graph"]
 
 _THRESHOLD = "XLA_DYNAMO_INPUT_SHARDING_CHECK_THRESHOLD"
 # Counters the pass looking for CPU fallbacks keeps while it clears the others at each node.
