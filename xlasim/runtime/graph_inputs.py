@@ -12,11 +12,16 @@ graph using them raises NotImplementedError.
 from __future__ import annotations
 
 import itertools
+import time
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from xlasim.runtime.graph import Node
-from xlasim.runtime.tensor import XlaSimTensor, data_holder, device_data_key
+from xlasim.runtime.state import SimRuntime
+from xlasim.runtime.tensor import XlaSimTensor, data_holder, device_data_key, wrap_data
 
 _value_ids = itertools.count(1)
 # id(tensor) -> (the tensor, weakly; the IR value its id was given for: pending node or
@@ -69,8 +74,23 @@ def _scalar_data(node: Node) -> list[Any]:
     ]
 
 
+def _check_recorded_inputs(node: Node) -> None:
+    if _is_random(node.op):
+        raise NotImplementedError(
+            f"xlasim does not simulate the RNG seed as a graph's device data ({node.op} draws "
+            "random numbers)"
+        )
+    scalars = _scalar_data(node)
+    if scalars:
+        raise NotImplementedError(
+            f"xlasim does not simulate Python scalars as a graph's device data ({node.op} "
+            f"with {scalars})"
+        )
+
+
 def device_data_inputs(tensors: list[XlaSimTensor]) -> list[XlaSimTensor]:
-    """The data tensors the graph computing ``tensors`` reads, each once, operands first."""
+    """The data tensors the graph computing ``tensors`` reads, each once, in the order
+    torch_xla numbers them."""
     found: list[XlaSimTensor] = []
     seen: set[int] = set()
 
@@ -90,28 +110,88 @@ def device_data_inputs(tensors: list[XlaSimTensor]) -> list[XlaSimTensor]:
         if t._node is None:
             add_data(device_data_key(t))
             continue
-        stack: list[tuple[Node, int]] = [(t._node, 0)]
+        if id(t._node) in seen:
+            continue
+        # Depth first from each tensor's value, an op's operands last to first (the order
+        # torch_xla lowers them in, which numbers the program's parameters).
         seen.add(id(t._node))
+        stack: list[Any] = [t._node]
         while stack:
-            node, k = stack.pop()
-            if k == 0:
-                if _is_random(node.op):
-                    raise NotImplementedError(
-                        f"xlasim does not simulate the RNG seed as a graph's device data "
-                        f"({node.op} draws random numbers)"
-                    )
-                if _scalar_data(node):
-                    raise NotImplementedError(
-                        f"xlasim does not simulate Python scalars as a graph's device data "
-                        f"({node.op} with {_scalar_data(node)})"
-                    )
-            if k < len(node.inputs):
-                stack.append((node, k + 1))
-                item = node.inputs[k]
-                if isinstance(item, Node):
-                    if id(item) not in seen:
-                        seen.add(id(item))
-                        stack.append((item, 0))
-                elif isinstance(item, tuple):  # a device-data key
-                    add_data(item)
+            item = stack.pop()
+            if not isinstance(item, Node):
+                add_data(item)
+                continue
+            _check_recorded_inputs(item)
+            for operand in item.inputs:
+                if isinstance(operand, Node):
+                    if id(operand) not in seen:
+                        seen.add(id(operand))
+                        stack.append(operand)
+                elif isinstance(operand, tuple):  # a device-data key
+                    stack.append(operand)
     return found
+
+
+@dataclass
+class TracedRun:
+    """A compiled graph as ``_run_cached_graph`` can run it: the values of the device data it
+    was traced on (in parameter order) and of its outputs then.
+
+    The simulator computes values as ops run and keeps no program to run on other data, so
+    a graph runs again only on inputs equal to the traced ones (its ops are deterministic:
+    random ones are refused when its inputs are listed), giving the traced outputs."""
+
+    inputs: list[torch.Tensor]
+    outputs: list[torch.Tensor]
+    device: torch.device
+
+
+def warm_up(rt: SimRuntime, tensors: list[XlaSimTensor], graph_hash: bytes) -> None:
+    """Compiles the graph of the pending ``tensors`` (without running it) and keeps it for
+    ``run_traced``; each pending tensor is one output, however often it is given."""
+    pending: list[XlaSimTensor] = []
+    for t in tensors:
+        if t._node is not None and all(t._node is not p._node for p in pending):
+            pending.append(t)
+    inputs = [t._elem.detach().clone() for t in device_data_inputs(tensors)]
+    rt.graphs.warm_up(pending)
+    if pending:
+        outputs = [t._elem.detach().clone() for t in pending]
+        rt.traced_runs[graph_hash] = TracedRun(inputs, outputs, pending[0].device)
+
+
+def _value(t: Any) -> torch.Tensor:
+    if isinstance(t, XlaSimTensor):
+        if t._node is not None:
+            raise NotImplementedError(
+                "xlasim does not simulate running a cached graph on pending IR inputs"
+            )
+        return t._elem
+    return t
+
+
+def run_traced(rt: SimRuntime, graph_hash: bytes, inputs: list[Any]) -> list[XlaSimTensor]:
+    """The outputs of compiled graph ``graph_hash`` on ``inputs`` (device or CPU tensors in
+    parameter order), as fresh device data."""
+    run = rt.traced_runs.get(graph_hash)
+    if run is None:
+        raise RuntimeError(
+            "Check failed: cachedComputation: Failed to get computation by hash "
+            f"{graph_hash[::-1].hex()}. Maybe the entry get kicked out of the LRU cache"
+        )
+    start = time.perf_counter_ns()
+    values = [_value(t) for t in inputs]
+    same = len(values) == len(run.inputs) and all(
+        v.shape == r.shape and v.dtype == r.dtype and torch.equal(v.cpu(), r)
+        for v, r in zip(values, run.inputs, strict=False)
+    )
+    if not same:
+        raise NotImplementedError(
+            "xlasim does not simulate running a cached graph (_run_cached_graph) on data other "
+            "than it was traced on: the simulator keeps the traced values, not a program"
+        )
+    rt.metrics.add_sample("RunCachedGraphInputData", time.perf_counter_ns() - start)
+    outputs = [wrap_data(v.clone(), run.device) for v in run.outputs]
+    rt.metrics.add_sample("ExecuteTime", time.perf_counter_ns() - start)
+    rt.metrics.add_sample("RunCachedGraphOutputData", time.perf_counter_ns() - start)
+    return outputs

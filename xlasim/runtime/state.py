@@ -119,6 +119,9 @@ class SimRuntime:
     """torch_xla's switch for aliasing the buffers user code marked as donors
     (``_xla_set_enable_alias_with_buffer_donor_config``); process-wide in torch_xla. The
     simulator takes no donor marks, so nothing reads it but its getter."""
+    traced_runs: dict[bytes, Any] = field(default_factory=dict)
+    """Graphs ``_xla_warm_up_cache`` compiled, by graph hash, for ``_run_cached_graph``
+    (``xlasim.runtime.graph_inputs.TracedRun``)."""
     numerics: str = field(default_factory=lambda: env_choice(NUMERICS_ENV, NUMERICS, NUMERICS[0]))
     """``XLASIM_NUMERICS`` when the simulation started: ``tpu`` or ``exact``."""
     float_storage: str | None = None

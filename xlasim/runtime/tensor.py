@@ -507,7 +507,7 @@ def data_holder(key: Any) -> XlaSimTensor | None:
     """The live tensor whose device data a graph recorded as ``key`` (None when that tensor
     is gone or holds other data now)."""
     t = _DATA_HOLDERS.get(id(key))
-    if t is None or t._leaf is None or t._leaf[1] is not key:
+    if t is None or t._node is not None or t._leaf is None or t._leaf[1] is not key:
         return None
     return t
 

@@ -474,6 +474,16 @@ def _get_tensors_xla_device_data_node(tensors: Sequence[Any]) -> tuple[list[int]
         return [graph_inputs.tensor_id(t) for t in held], [t.detach() for t in held]
 
 
+def _xla_warm_up_cache(tensors: Sequence[Any], devices: Sequence[str]) -> None:
+    """Compiles the graph of the pending tensors without running it (kept by graph hash)."""
+    xs = [xla_tensor(t) for t in tensors]
+    graph_inputs.warm_up(_rt(), xs, _get_graph_hash(xs))
+
+
+def _run_cached_graph(graph_hash: bytes, graph_inputs_: Sequence[Any]) -> list[Any]:
+    return graph_inputs.run_traced(_rt(), graph_hash, list(graph_inputs_))
+
+
 def _get_tensors_handle(tensors: Sequence[Any]) -> list[int]:
     """An opaque number per tensor naming its device buffer (aliases share it)."""
     handles = []
