@@ -98,7 +98,10 @@ def _data_lines(rt: Any, t: Any, ir: str, device: str, shape: str) -> list[str]:
         "XLAData: ",
         f"  Data Device: {device}",
         f"  Data Shape: {shape}",
-        f"  Data Handle: {id(t._elem)}",  # an opaque number, stable while the data is
+        # an opaque number, stable while the data is
+        "  Data Handle: Deleted"
+        if t._buf is not None and t._buf.deleted
+        else f"  Data Handle: {id(t._elem)}",
     ]
 
 

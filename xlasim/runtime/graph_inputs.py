@@ -88,7 +88,14 @@ def _check_recorded_inputs(node: Node) -> None:
         )
 
 
-def device_data_inputs(tensors: list[XlaSimTensor]) -> list[XlaSimTensor]:
+def donated_positions(tensors: list[XlaSimTensor]) -> tuple[int, ...]:
+    """The parameter positions of the graph's inputs whose buffers are marked for donation
+    (device data the simulator does not list, such as scalars, is never marked)."""
+    held = device_data_inputs(tensors, strict=False)
+    return tuple(i for i, t in enumerate(held) if t._buf is not None and t._buf.donate)
+
+
+def device_data_inputs(tensors: list[XlaSimTensor], strict: bool = True) -> list[XlaSimTensor]:
     """The data tensors the graph computing ``tensors`` reads, each once, in the order
     torch_xla numbers them."""
     found: list[XlaSimTensor] = []
@@ -99,6 +106,8 @@ def device_data_inputs(tensors: list[XlaSimTensor]) -> list[XlaSimTensor]:
             return
         seen.add(id(key))
         holder = data_holder(key)
+        if holder is None and not strict:
+            return
         if holder is None:
             raise NotImplementedError(
                 "xlasim does not simulate listing device data whose tensor is gone or holds "
@@ -121,7 +130,8 @@ def device_data_inputs(tensors: list[XlaSimTensor]) -> list[XlaSimTensor]:
             if not isinstance(item, Node):
                 add_data(item)
                 continue
-            _check_recorded_inputs(item)
+            if strict:
+                _check_recorded_inputs(item)
             for operand in item.inputs:
                 if isinstance(operand, Node):
                     if id(operand) not in seen:

@@ -117,8 +117,8 @@ class SimRuntime:
     ``XLASIM_MAT_MUL_PRECISION`` names another."""
     alias_with_buffer_donor: bool = False
     """torch_xla's switch for aliasing the buffers user code marked as donors
-    (``_xla_set_enable_alias_with_buffer_donor_config``); process-wide in torch_xla. The
-    simulator takes no donor marks, so nothing reads it but its getter."""
+    (``_xla_set_enable_alias_with_buffer_donor_config``); process-wide in torch_xla. With it
+    on, a graph reading marked buffers hashes as another program (``_get_graph_hash``)."""
     traced_runs: dict[bytes, Any] = field(default_factory=dict)
     """Graphs ``_xla_warm_up_cache`` compiled, by graph hash, for ``_run_cached_graph``
     (``xlasim.runtime.graph_inputs.TracedRun``)."""

@@ -497,6 +497,13 @@ def _leaf_entry(t: XlaSimTensor) -> tuple[Any, tuple[Any, ...], int]:
     return entry
 
 
+_COPY = torch.ops.aten.copy_.default
+# torch_xla's error for reading a buffer a program was given (donated) and deleted.
+DONATED_BUFFER_MESSAGE = (
+    "Check failed: !buffer->IsDeleted(): Invalid buffer passed: buffer has been deleted or donated."
+)
+
+
 # A graph records a device-data input by its leaf key; this finds the tensor holding that data
 # (weakly: a graph does not keep its inputs' tensors alive), for the queries that list a
 # graph's device data as torch_xla's IR does.
@@ -628,6 +635,9 @@ def _run(info: _OpInfo, args: Any, kwargs: Any) -> Any:
     slots = info.scalar_slots
     for i, a in enumerate(args):
         if type(a) is XlaSimTensor:
+            if a._buf is not None and a._buf.deleted and not (i == 0 and info.op is _COPY):
+                # Its data was donated to a program (a copy into it needs none).
+                raise RuntimeError(DONATED_BUFFER_MESSAGE)
             _take(a, parts, inputs, wrappers, runtime)
             cargs.append(a._elem)
         else:

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from xlasim.runtime import (
+    donation,
     graph_inputs,
     ir_scopes,
     manual,
@@ -441,6 +442,16 @@ def _xla_set_rng_seed(seed: int, device: str = "") -> None:
     _rt().manual_seed(seed)
 
 
+def _set_buffer_donation(t: Any, should_donate: bool) -> bool:
+    """Marks the device buffer of ``t`` for donation; False (nothing marked) when ``t`` holds
+    no device data of its own (a pending op's result)."""
+    return donation.set_donation(_rt(), xla_tensor(t), should_donate)
+
+
+def _get_buffer_donation(t: Any) -> bool:
+    return donation.donation(xla_tensor(t))
+
+
 def _xla_get_rng_seed(device: str = "") -> int:
     return _rt().rng_seed
 
@@ -661,7 +672,11 @@ def _get_graph_hash(tensors: Sequence[Any]) -> bytes:
     """The hash of the graph that computes ``tensors``: 16 bytes, as torch_xla's. Equal for
     graphs torch_xla would compile once (a sharding, shape, dtype or op change changes it);
     the bytes themselves are the simulator's own."""
-    key = repr(tuple(ir_hash(xla_tensor(t)) for t in tensors)).encode()
+    xs = [xla_tensor(t) for t in tensors]
+    key = repr(tuple(ir_hash(x) for x in xs)).encode()
+    if _rt().alias_with_buffer_donor:
+        # A program compiled to alias the donated inputs is another program.
+        key += repr(graph_inputs.donated_positions(xs)).encode()
     return hashlib.blake2b(key, digest_size=16).digest()
 
 

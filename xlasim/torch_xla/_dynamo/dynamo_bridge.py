@@ -36,6 +36,7 @@ from torch_xla._dynamo.graph_input_matcher import GraphInputMatcher
 from torch_xla.experimental import eager_mode_context
 from torch_xla.utils.buffer_donor_context import alias_with_buffer_donor_config
 
+from xlasim.runtime import donation
 from xlasim.runtime import state as _state
 from xlasim.runtime.tensor import XlaSimTensor
 
@@ -224,13 +225,16 @@ def _pending_outputs(out: Any) -> list[XlaSimTensor]:
 
 
 def _run(gm: torch.fx.GraphModule, args: tuple[Any, ...], traced: _Traced, runtime: Any) -> Any:
-    out = gm(*args)
+    with donation.compiled_program_running():
+        out = gm(*args)
     outputs = _pending_outputs(out)
     if outputs:
         if traced.key is None:
             raise RuntimeError("the compiled graph was traced without outputs to compute")
         try:
             runtime.graphs.run_cached(outputs, traced.key, spmd=runtime.spmd)
+            # torch_xla compiles the program to alias the inputs marked for donation.
+            donation.run_donating(args)
         except RuntimeError as exc:
             raise NotImplementedError(
                 "xlasim's dynamo bridge runs the compiled program only on inputs like those it "

@@ -12,7 +12,8 @@ from typing import Any
 import torch
 import torch_xla.distributed.spmd as xs
 
-from xlasim.runtime import custom_ops
+from xlasim.runtime import custom_ops, donation
+from xlasim.runtime import state as _state
 
 
 def dynamo_mark_sharding(
@@ -29,10 +30,9 @@ def dynamo_mark_sharding(
 
 
 def dynamo_set_buffer_donor_(t: torch.Tensor, should_donoate: bool) -> torch.Tensor:
-    raise NotImplementedError(
-        "xlasim does not simulate buffer donation marks (xla::dynamo_set_buffer_donor_, "
-        "torch_xla._XLAC._set_buffer_donation)"
-    )
+    """Marks ``t``'s buffer for donation (as ``_set_buffer_donation``) and hands ``t`` back."""
+    donation.mark_from_graph(_state.current(), t, should_donoate)
+    return t
 
 
 custom_ops.set_device_kernel("dynamo_mark_sharding", dynamo_mark_sharding)
