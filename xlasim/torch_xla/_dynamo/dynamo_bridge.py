@@ -41,7 +41,12 @@ from xlasim.runtime import state as _state
 from xlasim.runtime.tensor import XlaSimTensor
 
 # Names torch_xla's bridge module has too (its tests import them from here).
-__all__ = ["GraphInputMatcher", "alias_with_buffer_donor_config", "extract_compiled_graph"]
+__all__ = [
+    "GraphInputMatcher",
+    "UnsupportedNodesCollector",
+    "alias_with_buffer_donor_config",
+    "extract_compiled_graph",
+]
 
 _THRESHOLD = "XLA_DYNAMO_INPUT_SHARDING_CHECK_THRESHOLD"
 # Counters the pass looking for CPU fallbacks keeps while it clears the others at each node.
@@ -130,13 +135,15 @@ def _ops_run_on_cpu(counters: list[str]) -> list[str]:
     return [name for name in counters if name.startswith("aten::")]
 
 
-class _FallbackFinder(torch.fx.Interpreter):
+class UnsupportedNodesCollector(torch.fx.Interpreter):
     """Runs the graph once, node by node, as torch_xla does to find the nodes it must run
-    on the CPU; like torch_xla it clears the counters before each node (keeping two)."""
+    on the CPU (an op that fell back to the CPU, or a tensor off the device among a node's
+    arguments or results); like torch_xla it clears the counters before each node, keeping
+    two."""
 
-    def __init__(self, gm: torch.fx.GraphModule) -> None:
-        super().__init__(gm)
-        self.on_cpu: list[torch.fx.Node] = []
+    def __init__(self, module: torch.fx.GraphModule) -> None:
+        super().__init__(module)
+        self._unsupported_nodes: list[torch.fx.Node] = []
 
     def run_node(self, n: torch.fx.Node) -> Any:
         kept = {name: _xlac._xla_counter_value(name) for name in _KEPT_COUNTERS}
@@ -146,11 +153,14 @@ class _FallbackFinder(torch.fx.Interpreter):
         values = pytree.tree_leaves((result, args, kwargs))
         off_device = any(isinstance(v, torch.Tensor) and v.device.type != "xla" for v in values)
         if _ops_run_on_cpu(_xlac._xla_counter_names()) or off_device:
-            self.on_cpu.append(n)
+            self._unsupported_nodes.append(n)
         for name, value in kept.items():
             if value:
                 _xlac._xla_increment_counter(name, value)
         return result
+
+    def get_unsupported_nodes(self) -> list[torch.fx.Node]:
+        return self._unsupported_nodes
 
 
 def _clone_inputs(args: tuple[Any, ...]) -> None:
@@ -163,10 +173,10 @@ def _clone_inputs(args: tuple[Any, ...]) -> None:
 
 def _check_cpu_fallbacks(gm: torch.fx.GraphModule, args: tuple[Any, ...]) -> None:
     _clone_inputs(args)
-    finder = _FallbackFinder(gm)
+    finder = UnsupportedNodesCollector(gm)
     finder.run(*args)
-    if finder.on_cpu:
-        names = ", ".join(str(n.target) for n in finder.on_cpu)
+    if finder.get_unsupported_nodes():
+        names = ", ".join(str(n.target) for n in finder.get_unsupported_nodes())
         raise NotImplementedError(
             "xlasim's dynamo bridge does not simulate splitting a graph around the ops torch_xla "
             f"runs on the CPU or on CPU tensors ({names}); keep them out of the compiled function"
