@@ -11,14 +11,17 @@ compiled program (its execution time only: no cache lookup), which gives fresh d
 
 The simulator runs the program by tracing the graph on the call's tensors (their values are
 computed as the ops run) and materializing its outputs as the compiled program; a traced
-program that is not the compiled one is an error rather than a silent recompile.  What the
-simulator does not do raises NotImplementedError: graphs with ops that torch_xla runs on the
-CPU (it splits the graph around them), symbolic shapes or numbers among the inputs (dynamic
-shapes), and graphs that update tensors in place.
+program that is not the compiled one is an error rather than a silent recompile.  A graph
+with nodes torch_xla runs on the CPU (an op without a device lowering, or one on CPU
+tensors) is split as there: each device part is compiled as a program of its own and the CPU
+nodes run between them on every call.  What the simulator does not do raises
+NotImplementedError: symbolic shapes or numbers among the inputs (dynamic shapes), and graphs
+that update tensors in place.
 """
 
 from __future__ import annotations
 
+import operator
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +33,8 @@ import torch_xla
 import torch_xla._XLAC as _xlac
 import torch_xla.runtime as xr
 import torch_xla.utils.utils as xu
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+from torch.fx.passes.operator_support import OperatorSupport
 from torch.utils import _pytree as pytree
 from torch_xla._dynamo import config
 from torch_xla._dynamo.graph_input_matcher import GraphInputMatcher
@@ -73,7 +78,9 @@ def _extract(gm: torch.fx.GraphModule, args: tuple[Any, ...]) -> Callable[..., A
     torch_xla.sync(reset_scope=False)
     _ConstructorsToDevice()(gm.graph)
     gm.recompile()
-    _check_cpu_fallbacks(gm, args)
+    on_cpu = _cpu_fallback_nodes(gm, args)
+    if on_cpu:
+        return _split_around(gm, args, on_cpu)
     traced = _trace(gm, args)
     remaining_checks = _sharding_check_threshold()
 
@@ -171,16 +178,60 @@ def _clone_inputs(args: tuple[Any, ...]) -> None:
         torch.clone(a)
 
 
-def _check_cpu_fallbacks(gm: torch.fx.GraphModule, args: tuple[Any, ...]) -> None:
+def _cpu_fallback_nodes(gm: torch.fx.GraphModule, args: tuple[Any, ...]) -> list[torch.fx.Node]:
     _clone_inputs(args)
     finder = UnsupportedNodesCollector(gm)
     finder.run(*args)
-    if finder.get_unsupported_nodes():
-        names = ", ".join(str(n.target) for n in finder.get_unsupported_nodes())
-        raise NotImplementedError(
-            "xlasim's dynamo bridge does not simulate splitting a graph around the ops torch_xla "
-            f"runs on the CPU or on CPU tensors ({names}); keep them out of the compiled function"
-        )
+    return finder.get_unsupported_nodes()
+
+
+class _OnDevice(OperatorSupport):
+    """The nodes that stay in the device programs: calls other than those found running on
+    the CPU (a getitem stays with the call it takes apart)."""
+
+    def __init__(self, on_cpu: list[torch.fx.Node]) -> None:
+        super().__init__()
+        self.on_cpu = set(on_cpu)
+
+    def is_node_supported(self, submodules: Any, node: torch.fx.Node) -> bool:
+        if node.op not in ("call_function", "call_module", "call_method"):
+            return False
+        return node not in self.on_cpu or node.target is operator.getitem
+
+
+def _split_around(
+    gm: torch.fx.GraphModule, args: tuple[Any, ...], on_cpu: list[torch.fx.Node]
+) -> torch.fx.GraphModule:
+    """As torch_xla: the graph split into device partitions, each compiled as a program of
+    its own, with the CPU nodes between them run as they are on every call."""
+    partitioner = CapabilityBasedPartitioner(
+        gm, _OnDevice(on_cpu), allows_single_node_partition=True
+    )
+    position = {node: i for i, node in enumerate(gm.graph.nodes)}
+    partitions = partitioner.propose_partitions()
+    for partition in partitions:  # proposed in no particular order
+        partition.nodes = dict.fromkeys(sorted(partition.nodes, key=position.__getitem__))
+    split = partitioner.fuse_partitions(partitions)
+    inputs: dict[str, tuple[Any, ...]] = {}
+
+    class _PartitionInputs(torch.fx.Interpreter):
+        def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
+            if "fused_" in target:
+                inputs[target] = tuple(args)
+            return super().call_module(target, args, kwargs)
+
+    _PartitionInputs(split).run(*args)
+    for node in list(split.graph.nodes):
+        if node.op != "call_module" or "fused_" not in node.name:
+            continue
+        program = _extract(getattr(split, node.name), inputs[node.target])
+        split.delete_submodule(node.target)
+        with split.graph.inserting_after(node):
+            call = split.graph.call_function(program, node.args, None)
+        node.replace_all_uses_with(call)
+        split.graph.erase_node(node)
+    split.recompile()
+    return split
 
 
 def _trace(gm: torch.fx.GraphModule, args: tuple[Any, ...]) -> _Traced:
