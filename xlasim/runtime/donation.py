@@ -5,7 +5,9 @@ torch_xla 2.9 (measured on CPU): only a tensor holding device data can be marked
 op's result cannot: False, nothing counted); each mark counts ``XlaSetBufferDonation``. The
 mark belongs to the buffer, so a tensor given a new value (an in-place update) reads False.
 The dynamo bridge compiles its programs to alias the marked inputs' buffers; running one
-deletes them (``Data Handle: Deleted``), and reading such a tensor again fails.
+deletes them (``Data Handle: Deleted``), and reading such a tensor again fails. A sync of a
+lazy graph reading a marked buffer donates it too; the simulator refuses that sync
+(NotImplementedError) rather than keep data torch_xla deletes.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import contextlib
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from xlasim.runtime import graph_inputs
 from xlasim.runtime.tensor import XlaSimTensor
 
 _replaying = False
@@ -48,7 +51,20 @@ def set_donation(rt: Any, t: XlaSimTensor, should_donate: bool) -> bool:
         return False
     buf.donate = bool(should_donate)
     rt.metrics.inc("XlaSetBufferDonation")
+    if _refuse_donating_syncs not in rt.graphs.before_execute:
+        rt.graphs.before_execute.append(_refuse_donating_syncs)
     return True
+
+
+def _refuse_donating_syncs(tensors: list[XlaSimTensor]) -> None:
+    """A sync of a graph reading a marked buffer: torch_xla donates the buffer to it (the
+    data is deleted), under rules the simulator does not reproduce."""
+    if graph_inputs.donated_positions(tensors):
+        raise NotImplementedError(
+            "xlasim does not simulate syncing a graph that reads a buffer marked for donation "
+            "(_set_buffer_donation): torch_xla gives the buffer to the program and deletes the "
+            "data; only the dynamo bridge's programs (torch.compile, openxla) simulate donation"
+        )
 
 
 def donation(t: XlaSimTensor) -> bool:

@@ -16,7 +16,7 @@ import time
 import weakref
 import zlib
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -347,6 +347,9 @@ class GraphCache:
         self._use_eager_mode = False
         self.allow_execution = True
         self.graph_name = ""
+        # Checks each graph to execute must pass first (set by the runtime parts that need
+        # them, e.g. once user code marks a buffer for donation).
+        self.before_execute: list[Callable[[list[Any]], None]] = []
 
     @property
     def traced_any(self) -> bool:
@@ -465,6 +468,8 @@ class GraphCache:
             return
         if not self.allow_execution:
             raise _unexpected_execution(self.graph_name, len(tensors))
+        for check in self.before_execute:
+            check(tensors)
         start = time.perf_counter_ns()
         nodes = [t._node for t in tensors]
         key = hash(tuple(n.hash for n in nodes))

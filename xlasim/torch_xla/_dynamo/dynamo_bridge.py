@@ -81,6 +81,10 @@ def _extract(gm: torch.fx.GraphModule, args: tuple[Any, ...]) -> Callable[..., A
     on_cpu = _cpu_fallback_nodes(gm, args)
     if on_cpu:
         return _split_around(gm, args, on_cpu)
+    # torch_xla partitions every graph (here into one partition) and runs it once more to
+    # collect the partition's inputs; what its ops do when run (a buffer donation mark,
+    # counted) happens that once more too. The values are dropped.
+    gm(*args)
     traced = _trace(gm, args)
     remaining_checks = _sharding_check_threshold()
 
