@@ -118,3 +118,34 @@ def test_skip_input_data_check_refuses_pending_inputs(xla_target):
             compiled(pending)
     finally:
         config.skip_input_data_check = before
+
+
+def test_ir_text_and_clearing_pending_ir(xla_target):
+    # the text read on torch_xla 2.9 CPU for these graphs, byte for byte
+    import torch_xla
+    import torch_xla.debug.metrics as met
+
+    xlac = torch_xla._XLAC
+    dev = torch_xla.device()
+    torch_xla.sync()
+    t1 = torch.randn(20, 5).to(dev)
+    t2 = torch.randn(20, 5).to(dev)
+    t3 = t2 + t1
+    t4 = t3 * t2
+    data = "f32[20,5]{1,0} xla::device_data(), xla_shape=f32[20,5]{1,0}"
+    assert xlac._get_xla_tensors_text([t4]) == (
+        "IR {\n"
+        f"  %0 = {data}\n"
+        "  %1 = f32[] prim::Constant(), xla_shape=f32[]\n"
+        f"  %2 = {data}\n"
+        "  %3 = f32[20,5]{1,0} aten::add(%0, %2, %1), xla_shape=f32[20,5]{1,0}\n"
+        "  %4 = f32[20,5]{1,0} aten::mul(%3, %0), xla_shape=f32[20,5]{1,0}, ROOT=0\n"
+        "}\n"
+    )
+    met.clear_metrics()
+    xlac._xla_sync_multi([t4], devices=[], wait=True)
+    assert "aten::add(%2, %1, %0)" in xlac._get_xla_tensors_text([t3])
+    xlac._clear_pending_irs(str(dev))
+    assert xlac._get_xla_tensors_text([t3]) == f"IR {{\n  %0 = {data}, ROOT=0\n}}\n"
+    torch_xla.sync()
+    assert met.metric_data("ExecuteTime")[0] == 1  # the dropped IR never runs

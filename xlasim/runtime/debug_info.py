@@ -101,6 +101,8 @@ def _data_lines(rt: Any, t: Any, ir: str, device: str, shape: str) -> list[str]:
         # an opaque number, stable while the data is
         "  Data Handle: Deleted"
         if t._buf is not None and t._buf.deleted
+        else "  Data Handle: None"
+        if t._buf is not None and t._buf.cleared
         else f"  Data Handle: {id(t._elem)}",
     ]
 

@@ -217,7 +217,7 @@ class HBM:
 class Buffer:
     """One device buffer: counted in its runtime's totals while any tensor holds it."""
 
-    __slots__ = ("hbm", "devices", "nbytes", "key", "donate", "deleted")
+    __slots__ = ("hbm", "devices", "nbytes", "key", "donate", "deleted", "cleared")
 
     def __init__(self, hbm: HBM, devices: Devices, nbytes: int, key: Any) -> None:
         self.hbm = hbm
@@ -229,6 +229,8 @@ class Buffer:
         """Marked by user code as a buffer a program may reuse for an output."""
         self.deleted = False
         """Donated to a program that ran: the data is gone."""
+        self.cleared = False
+        """Stands for a value whose pending IR was dropped (``_clear_pending_irs``): no data."""
         hbm.add(devices, nbytes)
 
     def __del__(self) -> None:
@@ -250,7 +252,7 @@ def _key(t: Any, spmd: bool) -> tuple[Any, ...]:
 def _marked(buf: Buffer) -> bool:
     """A buffer marked for donation, or donated: a new value in it is a new buffer (a
     program's output is never marked, whichever input buffer it reuses)."""
-    return buf.donate or buf.deleted
+    return buf.donate or buf.deleted or buf.cleared
 
 
 def settle(hbm: HBM, spmd: bool, t: Any) -> None:

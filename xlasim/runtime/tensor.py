@@ -504,6 +504,26 @@ DONATED_BUFFER_MESSAGE = (
 )
 
 
+def _check_has_data(t: XlaSimTensor, overwritten: bool) -> None:
+    """``t`` has no data (donated to a program, or its pending IR dropped): reading it fails;
+    a copy into it needs none."""
+    if overwritten:
+        return
+    if t._buf.deleted:
+        raise RuntimeError(DONATED_BUFFER_MESSAGE)
+    raise NotImplementedError(
+        "xlasim does not simulate reading a tensor whose pending IR _clear_pending_irs dropped "
+        "(torch_xla holds no data for it)"
+    )
+
+
+def clear_pending(t: XlaSimTensor) -> None:
+    """Drops ``t``'s pending IR; it is left as device data without data behind it."""
+    t._node, t._leaf = None, None
+    memory.settle(_runtime.current(), t)
+    t._buf.cleared = True
+
+
 # A graph records a device-data input by its leaf key; this finds the tensor holding that data
 # (weakly: a graph does not keep its inputs' tensors alive), for the queries that list a
 # graph's device data as torch_xla's IR does.
@@ -635,9 +655,8 @@ def _run(info: _OpInfo, args: Any, kwargs: Any) -> Any:
     slots = info.scalar_slots
     for i, a in enumerate(args):
         if type(a) is XlaSimTensor:
-            if a._buf is not None and a._buf.deleted and not (i == 0 and info.op is _COPY):
-                # Its data was donated to a program (a copy into it needs none).
-                raise RuntimeError(DONATED_BUFFER_MESSAGE)
+            if a._buf is not None and (a._buf.deleted or a._buf.cleared):
+                _check_has_data(a, i == 0 and info.op is _COPY)
             _take(a, parts, inputs, wrappers, runtime)
             cargs.append(a._elem)
         else:

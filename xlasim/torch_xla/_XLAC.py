@@ -22,6 +22,7 @@ from xlasim.runtime import (
     donation,
     graph_inputs,
     ir_scopes,
+    ir_text,
     manual,
     numerics,
     op_builder,
@@ -45,6 +46,7 @@ from xlasim.runtime.tensor import (
     XlaSimTensor,
     add_custom_sharding,
     add_optimization_barrier,
+    clear_pending,
     ir_hash,
     mark_uploaded,
     materialize,
@@ -471,6 +473,23 @@ def _get_base_seed_as_tensor(device: str) -> torch.Tensor:
     if not device:
         raise RuntimeError("Device string must not be empty")
     return torch.tensor(_rt().rng_seed, dtype=torch.int64, device=device)
+
+
+def _get_xla_tensors_text(tensors: Sequence[Any]) -> str:
+    return ir_text.tensors_text([xla_tensor(t) for t in tensors])
+
+
+def _clear_pending_irs(device: str) -> None:
+    """Drops the pending IR of every live tensor on ``device`` without running it; those
+    tensors are left as device data with no data behind them (torch_xla 2.9)."""
+    rt = _rt()
+    target = torch.device(device) if device else None
+    for t in rt.graphs.live_pending():
+        if target is None or t.device == target:
+            clear_pending(t)
+    rt.graphs.pending = [
+        ref for ref in rt.graphs.pending if (t := ref()) is not None and t._node is not None
+    ]
 
 
 def _xla_get_tensor_id(t: Any) -> int:
