@@ -109,3 +109,90 @@ def test_scan_layers_equals_running_the_layers(xla_target):
         scan_layers([nn.Sequential(nn.Linear(4, 4)), nn.Sequential(nn.Linear(3, 4))], x0)
     with pytest.raises(ValueError, match=r"Layer 1 has mismatched keys. Missing keys"):
         scan_layers([nn.Linear(4, 4), nn.Linear(4, 4, bias=False)], x0)
+
+
+def test_scan_traces_a_pure_fn_once(xla_target):
+    # real torch_xla 2.9 on CPU (upstream's scan/test_scan.py passes there): fn is traced by
+    # AOTAutograd, which calls it twice, and a pure fn's graphs are reused; others are not kept
+    import torch_xla
+    import torch_xla.experimental.scan as scan_module
+
+    calls = 0
+
+    def step(carry, x):
+        nonlocal calls
+        calls += 1
+        return carry + x, x * 2
+
+    dev = torch_xla.device()
+    init = torch.zeros(2, device=dev)
+    xs = torch.arange(6.0).reshape(3, 2).to(dev).requires_grad_()
+    scan_module._SCAN_COMPUTATION_CACHE.clear()
+    for _ in range(4):
+        final, ys = scan_module.scan(step, init, xs, is_fn_pure=True)
+    assert calls == 2
+    assert final.cpu().tolist() == [6.0, 9.0]
+    assert ys.cpu().tolist() == [[0.0, 2.0], [4.0, 6.0], [8.0, 10.0]]
+    assert step in scan_module._SCAN_COMPUTATION_CACHE
+
+    def impure(carry, x):
+        return carry + x, x
+
+    scan_module.scan(impure, init, xs)
+    assert impure not in scan_module._SCAN_COMPUTATION_CACHE
+
+
+def test_value_and_grad_partitioned_step_functions(xla_target):
+    # torch_xla 2.9's contract (its docstring, checked on real torch_xla 2.9 on CPU):
+    # forward -> (new_carry, (y, partial activations)); alias_input puts back the activations
+    # that are inputs of x; backward(grad_new_carry, (grad_y, activations)) -> (grad_carry,
+    # grad_x). For carry @ x the saved activations are (carry, x).
+    import torch_xla
+    from torch_xla.experimental.scan import value_and_grad_partitioned
+
+    dev = torch_xla.device()
+    c0 = torch.tensor([[1.0, 2.0], [3.0, 4.0]])
+    x0 = torch.tensor([[1.0, 0.5], [0.0, 2.0]])
+    init = c0.to(dev).requires_grad_()
+    xs = x0.unsqueeze(0).to(dev).requires_grad_()
+    forward, alias_input, backward = value_and_grad_partitioned(
+        lambda c, x: (c @ x, c @ x), init, xs
+    )
+    new_carry, (y, partial) = forward(init, xs[0])
+    activations = alias_input(partial, xs[0])
+    assert len(activations) == 2
+    torch.testing.assert_close(new_carry.cpu(), c0 @ x0)
+    torch.testing.assert_close(activations[0].cpu(), c0)
+    torch.testing.assert_close(activations[1].cpu(), x0)
+    ones = torch.ones(2, 2)
+    grad_c, grad_x = backward(ones.to(dev), (ones.to(dev), activations))
+    torch.testing.assert_close(grad_c.cpu(), (2 * ones) @ x0.T)
+    torch.testing.assert_close(grad_x.cpu(), c0.T @ (2 * ones))
+
+
+def test_scan_saves_xs_itself_for_backward(xla_target):
+    # real torch_xla 2.9 on CPU: an activation that is a slice of xs is saved as xs itself
+    # (the same tensor object), not a stacked copy; and AOTAutograd refuses a fn that mutates
+    # a tensor it captured, naming FakeTensor
+    import torch_xla
+    from torch_xla.experimental.scan import scan
+
+    dev = torch_xla.device()
+    xs = torch.randn(5, 3, device=dev, requires_grad=True)
+    saved: list[torch.Tensor] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        _, ys = scan(lambda c, x: (c, torch.sin(x)), torch.zeros(3, device=dev), xs)
+    assert [t for t in saved if t.shape == xs.shape] and all(
+        t is xs for t in saved if t.shape == xs.shape
+    )
+    ys.sum().backward()
+    torch.testing.assert_close(xs.grad.cpu(), torch.cos(xs.detach().cpu()))
+
+    captured = torch.zeros(3, device=dev)
+
+    def mutates_captured(c, x):
+        captured.add_(1.0)
+        return c + x, c
+
+    with pytest.raises(AssertionError, match="FakeTensor"):
+        scan(mutates_captured, torch.zeros(3, device=dev), xs.detach())

@@ -5,7 +5,6 @@ module aliases its package exposes (``torch_xla.xm`` ...), ``xm.fork_rng``, and
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 import xlasim
@@ -53,7 +52,11 @@ def test_scan_layers_caches_the_step_of_pure_layers_only():
         assert len(scan_layers_module._ONE_LAYER_CACHE) == 0
         out = scan_layers(layers, x.clone(), is_layer_pure=True)
         scan_layers(layers, x.clone(), is_layer_pure=True)
-        assert list(scan_layers_module._ONE_LAYER_CACHE) == [(id(None), id(layers[0]))]
+        # Keyed by (id(partition_fn), id(first layer)), the partition_fn defaulting to
+        # functorch's default_partition (torch_xla 2.9's scan_layers signature).
+        from torch._functorch.partitioners import default_partition
+
+        assert list(scan_layers_module._ONE_LAYER_CACHE) == [(id(default_partition), id(layers[0]))]
         expected = x
         for layer in layers:
             expected = layer(expected)
@@ -75,10 +78,11 @@ def test_runtime_device_attributes_are_the_devices_own():
         assert xr.runtime_device_attributes("TPU:2")["coords"] == everyone[2]["coords"]
 
 
-def test_scan_module_helpers_and_what_it_does_not_trace():
+def test_scan_module_helpers_and_its_graph_cache():
     # torch_xla 2.9's scan module (its source): tree_flatten_none drops None leaves and puts
-    # them back; value_and_grad_partitioned and the graph cache need its tracing
+    # them back; the traced graphs of a pure fn are kept per fn and input structure
     with xlasim.simulate("2x2x1", "v4"):
+        import torch_xla
         import torch_xla.experimental.scan as scan_module
 
         tree = {"a": 1, "b": None, "c": (2, None, 3)}
@@ -86,7 +90,16 @@ def test_scan_module_helpers_and_what_it_does_not_trace():
         assert flat == [1, 2, 3]
         assert unflatten([10, 20, 30]) == {"a": 10, "b": None, "c": (20, None, 30)}
         scan_module._SCAN_COMPUTATION_CACHE.clear()  # upstream's tests clear it in setUp
-        with pytest.raises(NotImplementedError, match="_SCAN_COMPUTATION_CACHE"):
-            len(scan_module._SCAN_COMPUTATION_CACHE)
-        with pytest.raises(NotImplementedError, match="value_and_grad_partitioned"):
-            scan_module.value_and_grad_partitioned(lambda c, x: (c, x), None, None)
+
+        def step(c, x):
+            return c + x, c * x
+
+        dev = torch_xla.device()
+        xs = torch.ones(3, 2, device=dev)
+        scan_module.scan(step, torch.zeros(2, device=dev), xs, is_fn_pure=True)
+        scan_module.scan(step, torch.zeros(2, device=dev), xs[:2], is_fn_pure=True)
+        assert len(scan_module._SCAN_COMPUTATION_CACHE[step]) == 1  # keyed by one step's shape
+        scan_module.scan(
+            step, torch.zeros(3, device=dev), torch.ones(2, 3, device=dev), is_fn_pure=True
+        )
+        assert len(scan_module._SCAN_COMPUTATION_CACHE[step]) == 2

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from xlasim.runtime.errors import xla_shape
+from xlasim.runtime.tensor import leaf_input
 
 
 def _layout(t: Any) -> str:
@@ -98,7 +99,12 @@ def _data_lines(rt: Any, t: Any, ir: str, device: str, shape: str) -> list[str]:
         "XLAData: ",
         f"  Data Device: {device}",
         f"  Data Shape: {shape}",
-        f"  Data Handle: {id(t._elem)}",  # an opaque number, stable while the data is
+        # an opaque number, stable while the data is
+        "  Data Handle: Deleted"
+        if t._node is None and rt.graphs.donors.deleted_on(leaf_input(t)) is not None
+        else "  Data Handle: None"
+        if t._buf is not None and t._buf.cleared
+        else f"  Data Handle: {id(t._elem)}",
     ]
 
 

@@ -217,7 +217,7 @@ class HBM:
 class Buffer:
     """One device buffer: counted in its runtime's totals while any tensor holds it."""
 
-    __slots__ = ("hbm", "devices", "nbytes", "key")
+    __slots__ = ("hbm", "devices", "nbytes", "key", "cleared")
 
     def __init__(self, hbm: HBM, devices: Devices, nbytes: int, key: Any) -> None:
         self.hbm = hbm
@@ -225,6 +225,8 @@ class Buffer:
         self.nbytes = nbytes
         self.key = key
         """What the layout was computed from: a tensor whose key differs needs a new one."""
+        self.cleared = False
+        """Stands for a value whose pending IR was dropped (``_clear_pending_irs``): no data."""
         hbm.add(devices, nbytes)
 
     def __del__(self) -> None:
@@ -243,6 +245,11 @@ def _key(t: Any, spmd: bool) -> tuple[Any, ...]:
     return (t.shape, t.dtype, t._sharding, spmd, t._device.index)
 
 
+def _marked(buf: Buffer) -> bool:
+    """A buffer standing for dropped IR: a new value in it is a new buffer."""
+    return buf.cleared
+
+
 def settle(hbm: HBM, spmd: bool, t: Any) -> None:
     """Gives device tensor ``t`` the buffer its data occupies now (checked when enforcing).
 
@@ -250,7 +257,7 @@ def settle(hbm: HBM, spmd: bool, t: Any) -> None:
     """
     key = _key(t, spmd)
     old = t._buf
-    if old is not None and old.key == key:
+    if old is not None and old.key == key and not _marked(old):
         return
     devices, nbytes = layout_of(t, spmd, hbm.num_devices)
     hbm.check(devices, nbytes, None if old is None else (old.devices, old.nbytes))
@@ -267,7 +274,7 @@ def settle_all(hbm: HBM, spmd: bool, tensors: Sequence[Any]) -> None:
             key = _key(t, spmd)
             old = t._buf
             if old is not None:
-                if old.key == key:
+                if old.key == key and not _marked(old):
                     continue
                 # The value it replaces is released by the same execution.
                 hbm.add(old.devices, -old.nbytes)

@@ -115,6 +115,9 @@ class SimRuntime:
     """torch_xla's mat-mul precision for 32-bit inputs (``torch_xla.backends``); a process-wide
     C++ setting in torch_xla, so one per runtime here, starting at torch_xla's default unless
     ``XLASIM_MAT_MUL_PRECISION`` names another."""
+    traced_runs: dict[bytes, Any] = field(default_factory=dict)
+    """Graphs ``_xla_warm_up_cache`` compiled, by graph hash, for ``_run_cached_graph``
+    (``xlasim.runtime.graph_inputs.TracedRun``)."""
     numerics: str = field(default_factory=lambda: env_choice(NUMERICS_ENV, NUMERICS, NUMERICS[0]))
     """``XLASIM_NUMERICS`` when the simulation started: ``tpu`` or ``exact``."""
     float_storage: str | None = None

@@ -493,7 +493,56 @@ def _leaf_entry(t: XlaSimTensor) -> tuple[Any, tuple[Any, ...], int]:
     key = _leaf_key(t)
     entry = (sharding, key, hash((key[0], stable_id(key[1]), stable_id(key[2]))))
     t._leaf = entry
+    _DATA_HOLDERS[id(key)] = t
     return entry
+
+
+_COPY = torch.ops.aten.copy_.default
+
+
+def _check_has_data(t: XlaSimTensor, overwritten: bool) -> None:
+    """``t`` has no data (its pending IR dropped): reading it fails; a copy into it needs
+    none. (A buffer donated to a program: ``runtime.donation``.)"""
+    if overwritten:
+        return
+    raise NotImplementedError(
+        "xlasim does not simulate reading a tensor whose pending IR _clear_pending_irs dropped "
+        "(torch_xla holds no data for it)"
+    )
+
+
+def _overwrite_donated(t: XlaSimTensor, runtime: Any) -> None:
+    """A copy fills ``t`` whole: if its buffer was donated (a program that aliased it ran),
+    the copy lands in new data rather than reading the deleted buffer."""
+    if runtime.graphs.donors.deleted_on(leaf_input(t)) is not None:
+        t._leaf = None
+
+
+def clear_pending(t: XlaSimTensor) -> None:
+    """Drops ``t``'s pending IR; it is left as device data without data behind it."""
+    t._node, t._leaf = None, None
+    memory.settle(_runtime.current(), t)
+    t._buf.cleared = True
+
+
+# A graph records a device-data input by its leaf key; this finds the tensor holding that data
+# (weakly: a graph does not keep its inputs' tensors alive), for the queries that list a
+# graph's device data as torch_xla's IR does.
+_DATA_HOLDERS: weakref.WeakValueDictionary[int, XlaSimTensor] = weakref.WeakValueDictionary()
+
+
+def data_holder(key: Any) -> XlaSimTensor | None:
+    """The live tensor whose device data a graph recorded as ``key`` (None when that tensor
+    is gone or holds other data now)."""
+    t = _DATA_HOLDERS.get(id(key))
+    if t is None or t._node is not None or t._leaf is None or t._leaf[1] is not key:
+        return None
+    return t
+
+
+def device_data_key(t: XlaSimTensor) -> Any:
+    """The key graphs record for device-data tensor ``t`` as an input."""
+    return _leaf_entry(t)[1]
 
 
 def _ir_value(t: XlaSimTensor) -> tuple[Any, int]:
@@ -607,6 +656,10 @@ def _run(info: _OpInfo, args: Any, kwargs: Any) -> Any:
     slots = info.scalar_slots
     for i, a in enumerate(args):
         if type(a) is XlaSimTensor:
+            if a._buf is not None and a._buf.cleared:
+                _check_has_data(a, i == 0 and info.op is _COPY)
+            elif i == 0 and info.op is _COPY and a._node is None and runtime.graphs.donors.deleted:
+                _overwrite_donated(a, runtime)
             _take(a, parts, inputs, wrappers, runtime)
             cargs.append(a._elem)
         else:

@@ -19,7 +19,10 @@ from typing import Any
 import torch
 
 from xlasim.runtime import (
+    buffer_donation,
+    graph_inputs,
     ir_scopes,
+    ir_text,
     manual,
     numerics,
     op_builder,
@@ -31,7 +34,6 @@ from xlasim.runtime.compiler.hlo_text import tensors_hlo
 from xlasim.runtime.debug_info import tensor_debug_info
 from xlasim.runtime.errors import aten_type_string, expected_xla_tensor
 from xlasim.runtime.graph import CompileError, CustomCall
-from xlasim.runtime.ir_text import tensors_ir_text
 from xlasim.runtime.memory import reserve, reshard, sent_bytes, settle
 from xlasim.runtime.settings import xla_env_flag
 from xlasim.runtime.shards import (
@@ -45,6 +47,7 @@ from xlasim.runtime.tensor import (
     XlaSimTensor,
     add_custom_sharding,
     add_optimization_barrier,
+    clear_pending,
     ir_hash,
     leaf_input,
     mark_uploaded,
@@ -473,14 +476,7 @@ def _xla_get_enable_alias_with_buffer_donor_config(device: str = "") -> bool:
 def _set_buffer_donation(tensor: Any, should_donate: bool) -> bool:
     """Marks the tensor's device data for donation to the next graph that reads it (see
     ``runtime.donation``); False, changing nothing, for a pending op's result."""
-    t = xla_tensor(tensor)
-    if t._node is not None:
-        return False
-    rt = _rt()
-    device = rt.real_devices()[t._device.index or 0]
-    rt.graphs.donors.mark(leaf_input(t), t, device, bool(should_donate))
-    rt.metrics.inc("XlaSetBufferDonation")
-    return True
+    return buffer_donation.set_donation(_rt(), xla_tensor(tensor), should_donate)
 
 
 def _get_buffer_donation(tensor: Any) -> bool:
@@ -500,6 +496,80 @@ def _xla_set_rng_seed(seed: int, device: str = "") -> None:
 
 def _xla_get_rng_seed(device: str = "") -> int:
     return _rt().rng_seed
+
+
+# torch_xla's id for the RNG seed's device data among a graph's inputs (a constant of its C++
+# side: -127389 on torch_xla 2.9).
+_SEED_INFO_ID = -127389
+
+
+def _get_seed_info_id() -> int:
+    return _SEED_INFO_ID
+
+
+def _get_base_seed_as_tensor(device: str) -> torch.Tensor:
+    """The device's RNG seed as an int64 scalar on the device: the seed last set, moved on by
+    each step that drew random numbers (torch_xla 2.9: equal to ``xm.get_rng_state()``)."""
+    if not device:
+        raise RuntimeError("Device string must not be empty")
+    return torch.tensor(_rt().rng_seed, dtype=torch.int64, device=device)
+
+
+def _get_xla_tensors_text(tensors: Sequence[Any]) -> str:
+    return ir_text.tensors_text([xla_tensor(t) for t in tensors])
+
+
+def _clear_pending_irs(device: str) -> None:
+    """Drops the pending IR of every live tensor on ``device`` without running it; those
+    tensors are left as device data with no data behind them (torch_xla 2.9)."""
+    rt = _rt()
+    target = torch.device(device) if device else None
+    for t in rt.graphs.live_pending():
+        if target is None or t.device == target:
+            clear_pending(t)
+    rt.graphs.pending = [
+        ref for ref in rt.graphs.pending if (t := ref()) is not None and t._node is not None
+    ]
+
+
+def _xla_get_tensor_id(t: Any) -> int:
+    return graph_inputs.tensor_id(xla_tensor(t))
+
+
+def _get_tensors_xla_device_data_node(tensors: Sequence[Any]) -> tuple[list[int], list[Any]]:
+    """(ids, tensors) of the device data the tensors' graph reads; each returned tensor is a
+    new one on the same data, as torch_xla's."""
+    held = graph_inputs.device_data_inputs([xla_tensor(t) for t in tensors])
+    with torch.no_grad():
+        return [graph_inputs.tensor_id(t) for t in held], [t.detach() for t in held]
+
+
+def _xla_warm_up_cache(tensors: Sequence[Any], devices: Sequence[str]) -> None:
+    """Compiles the graph of the pending tensors without running it (kept by graph hash)."""
+    xs = [xla_tensor(t) for t in tensors]
+    graph_inputs.warm_up(_rt(), xs, _get_graph_hash(xs))
+
+
+def _run_cached_graph(graph_hash: bytes, graph_inputs_: Sequence[Any]) -> list[Any]:
+    return graph_inputs.run_traced(_rt(), graph_hash, list(graph_inputs_))
+
+
+def _get_tensors_handle(tensors: Sequence[Any]) -> list[int]:
+    """An opaque number per tensor naming its device buffer (aliases share it)."""
+    handles = []
+    for t in map(xla_tensor, tensors):
+        if t._buf is None:
+            raise NotImplementedError(
+                "xlasim does not simulate the handle of a tensor without device data of its "
+                "own (pending IR, or data still on the host)"
+            )
+        handles.append(id(t._buf))
+    return handles
+
+
+def _check_tensor_need_materialization(tensors: Sequence[Any]) -> list[bool]:
+    """For each tensor, whether it holds pending IR rather than data (a CPU tensor: False)."""
+    return [isinstance(t, XlaSimTensor) and t._node is not None for t in tensors]
 
 
 # -- SPMD ------------------------------------------------------------------------------------
@@ -661,7 +731,11 @@ def _get_graph_hash(tensors: Sequence[Any]) -> bytes:
     """The hash of the graph that computes ``tensors``: 16 bytes, as torch_xla's. Equal for
     graphs torch_xla would compile once (a sharding, shape, dtype or op change changes it);
     the bytes themselves are the simulator's own."""
-    key = repr(tuple(ir_hash(xla_tensor(t)) for t in tensors)).encode()
+    xs = [xla_tensor(t) for t in tensors]
+    key = repr(tuple(ir_hash(x) for x in xs)).encode()
+    if _rt().graphs.donors.user_config:
+        # A program compiled to alias the donated inputs is another program.
+        key += repr(graph_inputs.donated_positions(xs)).encode()
     return hashlib.blake2b(key, digest_size=16).digest()
 
 
@@ -896,10 +970,6 @@ class XlaShardingSpec(TensorSharding):
 
 def _get_xla_tensors_hlo(tensors: Sequence[Any]) -> str:
     return tensors_hlo(_rt(), [xla_tensor(t) for t in tensors])
-
-
-def _get_xla_tensors_text(tensors: Sequence[Any]) -> str:
-    return tensors_ir_text(_rt(), [xla_tensor(t) for t in tensors])
 
 
 def _get_xla_tensor_debug_info(t: Any) -> str:

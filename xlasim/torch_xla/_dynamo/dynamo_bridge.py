@@ -11,14 +11,17 @@ compiled program (its execution time only: no cache lookup), which gives fresh d
 
 The simulator runs the program by tracing the graph on the call's tensors (their values are
 computed as the ops run) and materializing its outputs as the compiled program; a traced
-program that is not the compiled one is an error rather than a silent recompile.  What the
-simulator does not do raises NotImplementedError: graphs with ops that torch_xla runs on the
-CPU (it splits the graph around them), symbolic shapes or numbers among the inputs (dynamic
-shapes), and graphs that update tensors in place.
+program that is not the compiled one is an error rather than a silent recompile.  A graph
+with nodes torch_xla runs on the CPU (an op without a device lowering, or one on CPU
+tensors) is split as there: each device part is compiled as a program of its own and the CPU
+nodes run between them on every call.  What the simulator does not do raises
+NotImplementedError: symbolic shapes or numbers among the inputs (dynamic shapes), and graphs
+that update tensors in place.
 """
 
 from __future__ import annotations
 
+import operator
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,12 +33,25 @@ import torch_xla
 import torch_xla._XLAC as _xlac
 import torch_xla.runtime as xr
 import torch_xla.utils.utils as xu
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+from torch.fx.passes.operator_support import OperatorSupport
 from torch.utils import _pytree as pytree
 from torch_xla._dynamo import config
+from torch_xla._dynamo.graph_input_matcher import GraphInputMatcher
 from torch_xla.experimental import eager_mode_context
+from torch_xla.utils.buffer_donor_context import alias_with_buffer_donor_config
 
+from xlasim.runtime import buffer_donation
 from xlasim.runtime import state as _state
 from xlasim.runtime.tensor import XlaSimTensor
+
+# Names torch_xla's bridge module has too (its tests import them from here).
+__all__ = [
+    "GraphInputMatcher",
+    "UnsupportedNodesCollector",
+    "alias_with_buffer_donor_config",
+    "extract_compiled_graph",
+]
 
 _THRESHOLD = "XLA_DYNAMO_INPUT_SHARDING_CHECK_THRESHOLD"
 # Counters the pass looking for CPU fallbacks keeps while it clears the others at each node.
@@ -62,18 +78,30 @@ def _extract(gm: torch.fx.GraphModule, args: tuple[Any, ...]) -> Callable[..., A
     torch_xla.sync(reset_scope=False)
     _ConstructorsToDevice()(gm.graph)
     gm.recompile()
-    _check_cpu_fallbacks(gm, args)
+    on_cpu = _cpu_fallback_nodes(gm, args)
+    if on_cpu:
+        return _split_around(gm, args, on_cpu)
+    # torch_xla partitions every graph (here into one partition) and runs it once more to
+    # collect the partition's inputs; what its ops do when run (a buffer donation mark,
+    # counted) happens that once more too. The values are dropped.
+    gm(*args)
     traced = _trace(gm, args)
     remaining_checks = _sharding_check_threshold()
 
     def optimized_mod(*call_args: Any) -> Any:
         nonlocal traced, remaining_checks
         runtime = _state.current()
-        if not config.skip_input_data_check:
-            pending = [a for a in call_args if getattr(a, "_node", None) is not None]
-            if pending:
-                _xlac._xla_increment_counter("DynamoSyncInputExecuteTime", 1)
-                _xlac._xla_sync_multi(pending, devices=[], wait=True, sync_xla_data=True)
+        pending = [a for a in call_args if getattr(a, "_node", None) is not None]
+        if pending and config.skip_input_data_check:
+            # torch_xla runs its compiled program on the inputs' data and has none to run on.
+            raise RuntimeError(
+                "Check failed: !is_non_data_ir: input data to dynamo graph can not be a "
+                "pending ir, please set `torch_xla._dynamo.config.skip_input_data_check` to "
+                "False"
+            )
+        if pending:
+            _xlac._xla_increment_counter("DynamoSyncInputExecuteTime", 1)
+            _xlac._xla_sync_multi(pending, devices=[], wait=True, sync_xla_data=True)
         if runtime.spmd and remaining_checks > 0:
             # Dynamo's guards do not look at shardings: a changed one needs a new program.
             if _xlac._get_xla_sharding_specs(list(call_args)) != traced.input_specs:
@@ -118,13 +146,15 @@ def _ops_run_on_cpu(counters: list[str]) -> list[str]:
     return [name for name in counters if name.startswith("aten::")]
 
 
-class _FallbackFinder(torch.fx.Interpreter):
+class UnsupportedNodesCollector(torch.fx.Interpreter):
     """Runs the graph once, node by node, as torch_xla does to find the nodes it must run
-    on the CPU; like torch_xla it clears the counters before each node (keeping two)."""
+    on the CPU (an op that fell back to the CPU, or a tensor off the device among a node's
+    arguments or results); like torch_xla it clears the counters before each node, keeping
+    two."""
 
-    def __init__(self, gm: torch.fx.GraphModule) -> None:
-        super().__init__(gm)
-        self.on_cpu: list[torch.fx.Node] = []
+    def __init__(self, module: torch.fx.GraphModule) -> None:
+        super().__init__(module)
+        self._unsupported_nodes: list[torch.fx.Node] = []
 
     def run_node(self, n: torch.fx.Node) -> Any:
         kept = {name: _xlac._xla_counter_value(name) for name in _KEPT_COUNTERS}
@@ -134,11 +164,14 @@ class _FallbackFinder(torch.fx.Interpreter):
         values = pytree.tree_leaves((result, args, kwargs))
         off_device = any(isinstance(v, torch.Tensor) and v.device.type != "xla" for v in values)
         if _ops_run_on_cpu(_xlac._xla_counter_names()) or off_device:
-            self.on_cpu.append(n)
+            self._unsupported_nodes.append(n)
         for name, value in kept.items():
             if value:
                 _xlac._xla_increment_counter(name, value)
         return result
+
+    def get_unsupported_nodes(self) -> list[torch.fx.Node]:
+        return self._unsupported_nodes
 
 
 def _clone_inputs(args: tuple[Any, ...]) -> None:
@@ -149,16 +182,60 @@ def _clone_inputs(args: tuple[Any, ...]) -> None:
         torch.clone(a)
 
 
-def _check_cpu_fallbacks(gm: torch.fx.GraphModule, args: tuple[Any, ...]) -> None:
+def _cpu_fallback_nodes(gm: torch.fx.GraphModule, args: tuple[Any, ...]) -> list[torch.fx.Node]:
     _clone_inputs(args)
-    finder = _FallbackFinder(gm)
+    finder = UnsupportedNodesCollector(gm)
     finder.run(*args)
-    if finder.on_cpu:
-        names = ", ".join(str(n.target) for n in finder.on_cpu)
-        raise NotImplementedError(
-            "xlasim's dynamo bridge does not simulate splitting a graph around the ops torch_xla "
-            f"runs on the CPU or on CPU tensors ({names}); keep them out of the compiled function"
-        )
+    return finder.get_unsupported_nodes()
+
+
+class _OnDevice(OperatorSupport):
+    """The nodes that stay in the device programs: calls other than those found running on
+    the CPU (a getitem stays with the call it takes apart)."""
+
+    def __init__(self, on_cpu: list[torch.fx.Node]) -> None:
+        super().__init__()
+        self.on_cpu = set(on_cpu)
+
+    def is_node_supported(self, submodules: Any, node: torch.fx.Node) -> bool:
+        if node.op not in ("call_function", "call_module", "call_method"):
+            return False
+        return node not in self.on_cpu or node.target is operator.getitem
+
+
+def _split_around(
+    gm: torch.fx.GraphModule, args: tuple[Any, ...], on_cpu: list[torch.fx.Node]
+) -> torch.fx.GraphModule:
+    """As torch_xla: the graph split into device partitions, each compiled as a program of
+    its own, with the CPU nodes between them run as they are on every call."""
+    partitioner = CapabilityBasedPartitioner(
+        gm, _OnDevice(on_cpu), allows_single_node_partition=True
+    )
+    position = {node: i for i, node in enumerate(gm.graph.nodes)}
+    partitions = partitioner.propose_partitions()
+    for partition in partitions:  # proposed in no particular order
+        partition.nodes = dict.fromkeys(sorted(partition.nodes, key=position.__getitem__))
+    split = partitioner.fuse_partitions(partitions)
+    inputs: dict[str, tuple[Any, ...]] = {}
+
+    class _PartitionInputs(torch.fx.Interpreter):
+        def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
+            if "fused_" in target:
+                inputs[target] = tuple(args)
+            return super().call_module(target, args, kwargs)
+
+    _PartitionInputs(split).run(*args)
+    for node in list(split.graph.nodes):
+        if node.op != "call_module" or "fused_" not in node.name:
+            continue
+        program = _extract(getattr(split, node.name), inputs[node.target])
+        split.delete_submodule(node.target)
+        with split.graph.inserting_after(node):
+            call = split.graph.call_function(program, node.args, None)
+        node.replace_all_uses_with(call)
+        split.graph.erase_node(node)
+    split.recompile()
+    return split
 
 
 def _trace(gm: torch.fx.GraphModule, args: tuple[Any, ...]) -> _Traced:
@@ -213,13 +290,16 @@ def _pending_outputs(out: Any) -> list[XlaSimTensor]:
 
 
 def _run(gm: torch.fx.GraphModule, args: tuple[Any, ...], traced: _Traced, runtime: Any) -> Any:
-    out = gm(*args)
+    with buffer_donation.compiled_program_running():
+        out = gm(*args)
     outputs = _pending_outputs(out)
     if outputs:
         if traced.key is None:
             raise RuntimeError("the compiled graph was traced without outputs to compute")
         try:
             runtime.graphs.run_cached(outputs, traced.key, spmd=runtime.spmd)
+            # torch_xla compiles the program to alias the inputs marked for donation.
+            buffer_donation.run_donating(_state.current(), args)
         except RuntimeError as exc:
             raise NotImplementedError(
                 "xlasim's dynamo bridge runs the compiled program only on inputs like those it "

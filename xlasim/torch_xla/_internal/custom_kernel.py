@@ -10,10 +10,10 @@ import ast
 from typing import Any
 
 import torch
-import torch_xla
 import torch_xla.distributed.spmd as xs
 
-from xlasim.runtime import custom_ops
+from xlasim.runtime import buffer_donation, custom_ops
+from xlasim.runtime import state as _state
 
 
 def dynamo_mark_sharding(
@@ -30,8 +30,8 @@ def dynamo_mark_sharding(
 
 
 def dynamo_set_buffer_donor_(t: torch.Tensor, should_donoate: bool) -> torch.Tensor:
-    """Marks the device tensor's buffer for donation, handing the tensor back."""
-    torch_xla._XLAC._set_buffer_donation(t, should_donoate)
+    """Marks ``t``'s buffer for donation (as ``_set_buffer_donation``) and hands ``t`` back."""
+    buffer_donation.mark_from_graph(_state.current(), t, should_donoate)
     return t
 
 

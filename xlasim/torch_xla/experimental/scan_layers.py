@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch._functorch.partitioners import default_partition
 
 from .scan import scan
 
@@ -39,7 +40,7 @@ def _check_same_structure(kind: Sequence[Mapping[str, torch.Tensor]]) -> None:
 def scan_layers(
     layers: Iterable[nn.Module],
     input_data: Any,
-    partition_fn: Any = None,
+    partition_fn: Any = default_partition,
     is_layer_pure: bool = False,
 ) -> Any:
     """The last layer's output, each layer taking the previous one's (``input_data`` when
