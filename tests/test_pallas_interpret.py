@@ -88,6 +88,9 @@ def test_trace_pallas_caches_payloads_when_asked(xlasim_sim):
     # counts trace_pallas_cache_hit.
     assert again == first
     assert met.counter_value("trace_pallas_cache_hit") == 1
+    # Traced again without the cache, the same call names the same kernel (the simulator's
+    # payloads are handles: a kernel called every step must not add one per step).
+    assert trace_pallas(add, x, x)[0] == trace_pallas(add, x, x)[0]
     (out,) = torch_xla._XLAC._xla_tpu_custom_call([x, x], again, [x.shape], [x.dtype])
     assert out.cpu().tolist() == [[2.0] * 8] * 8
 

@@ -107,6 +107,7 @@ class _Traced:
 
 
 _traced: dict[str, _Traced] = {}
+_bodies: dict[str, str] = {}  # call signature -> payload body
 _ids = itertools.count()
 
 
@@ -120,7 +121,6 @@ def trace(
 ) -> str:
     """A payload for ``kernel`` called with ``args`` (tensors where ``torch.is_tensor``),
     shaped as torch_xla's (``{"custom_call_config": {"body": ...}}``)."""
-    body = f"{HANDLE_PREFIX}{next(_ids)}"
     # Tensors as their shapes and dtypes: the kernel is traced on what trace_pallas saw, and
     # the custom call's tensors are its pallas_call's operands (which may differ, e.g. a
     # wrapper that broadcasts an argument before the call).
@@ -128,7 +128,18 @@ def trace(
         jax.ShapeDtypeStruct(tuple(a.shape), jax_dtype(a.dtype)) if torch.is_tensor(a) else a
         for a in args
     )
-    _traced[body] = _Traced(kernel, template, dict(kwargs), static_argnums, static_argnames, whole)
+    # The same call traced again (a kernel called every step) names the same entry, so the
+    # registry grows with the distinct calls only. The kernel is held by its entry: its id
+    # stays its own.
+    signature = repr(
+        (id(kernel), template, sorted(kwargs.items()), static_argnums, static_argnames, whole)
+    )
+    body = _bodies.get(signature)
+    if body is None:
+        body = _bodies[signature] = f"{HANDLE_PREFIX}{next(_ids)}"
+        _traced[body] = _Traced(
+            kernel, template, dict(kwargs), static_argnums, static_argnames, whole
+        )
     return json.dumps({"custom_call_config": {"body": body, "needs_layout_passes": True}})
 
 
