@@ -83,6 +83,13 @@ FACTS: tuple[Fact, ...] = (
         "a NamedTuple's fields are its positional API (MeshShape(x, y, z), shape.x)",
     ),
     Fact(
+        "xlasim/torch_xla/experimental/custom_kernel.py",
+        "paged_attention",
+        "signature",
+        "paged_attention's parameters, their order (callers pass them positionally) and "
+        "defaults are torch_xla's API",
+    ),
+    Fact(
         "xlasim/torch_xla/debug/profiler.py",
         "trace",
         "signature",
