@@ -15,10 +15,12 @@ Standard library only: interpreter start-up reads these.
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import math
 import os
 from collections.abc import Mapping
+from types import ModuleType
 
 # -- the simulator's own knobs (XLASIM_*) ---------------------------------------------------
 
@@ -143,6 +145,16 @@ EXTRA = "tpu-compiler"
 INSTALL = f"pip install 'xlasim[{EXTRA}]'"
 # What the extra brings; both must be importable for the libtpu compiler.
 _EXTRA_MODULES = ("jax", "libtpu")
+
+
+def tpu_compiler_layer(module: str, purpose: str) -> ModuleType:
+    """``module`` of the TPU-compiler layer, imported on first use (it imports jax); without
+    jax, ``NotImplementedError`` saying ``purpose`` needs the extra."""
+    if importlib.util.find_spec("jax") is None:
+        raise NotImplementedError(
+            f"{purpose}, which needs the {EXTRA} extra (jax is not installed): {INSTALL}"
+        )
+    return importlib.import_module(module)
 
 
 def resolve_compiler(value: str | None, environ: Mapping[str, str] = os.environ) -> str | None:

@@ -21,8 +21,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import enum
-import importlib
-import importlib.util
 import json
 import os
 from collections.abc import Iterator, Mapping
@@ -39,7 +37,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind
 from torch.utils import _pytree as pytree
 
-from xlasim.runtime.settings import EXTRA, INSTALL
+from xlasim.runtime.settings import tpu_compiler_layer
 
 # The simulator's own file next to torch_xla's in a saved program: the decomposed exported
 # program, which is what the simulator runs (torch_xla runs the ``.bytecode`` file).
@@ -337,18 +335,16 @@ class StableHLOGraphModule:
 
 
 def _lower(program: _Program, meta: StableHLOFunctionMeta) -> tuple[bytes, str]:
-    if importlib.util.find_spec("jax") is None:
-        raise NotImplementedError(
-            f"xlasim: StableHLO text and bytecode come from jax's lowering of the exported "
-            f"graph, which needs the {EXTRA} extra (jax is not installed): {INSTALL}"
-        )
+    # The compiler layer imports jax: only a program that asks for its StableHLO loads it.
+    lowering = tpu_compiler_layer(
+        "xlasim.runtime.compiler.stablehlo",
+        "xlasim: StableHLO text and bytecode come from jax's lowering of the exported graph",
+    )
     dynamic = [s for s in meta.input_signature if s.dynamic_dims]
     if dynamic:
         raise NotImplementedError(
             "xlasim: StableHLO of a program with dynamic input dimensions is not simulated"
         )
-    # The compiler layer imports jax: only a program that asks for its StableHLO loads it.
-    lowering = importlib.import_module("xlasim.runtime.compiler.stablehlo")
     inputs = [(s.shape, getattr(torch, s.dtype)) for s in meta.input_signature]
     lowered = lowering.lower_graph(program.module, program.fixed, inputs)
     return lowered.bytecode, lowered.text
