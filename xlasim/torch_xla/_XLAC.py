@@ -73,6 +73,11 @@ def _rt() -> state.SimRuntime:
     return state.current()
 
 
+def _init_computation_client() -> None:
+    """Starts the runtime's client (torch_xla takes the TPU before JAX could)."""
+    _rt().start()
+
+
 def _xla_get_default_device() -> str:
     rt = _rt()
     rt.start()  # naming a device starts the runtime, as in torch_xla

@@ -1,0 +1,213 @@
+"""JAX functions on XLA tensors (``torch_xla.core.xla_builder.call_jax`` / ``JaxCallable``): JAX
+(the ``tpu-compiler`` extra) jits them once per input shapes and runs them on the CPU, each call
+one ``xla::jax_func`` node of the lazy graph. Without the extra, calling JAX says so."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+from extras import need_tpu_compiler, tpu_compiler_missing
+
+
+def _add_sin(a, b):
+    import jax.numpy as jnp
+
+    return a + jnp.sin(b)
+
+
+def test_call_jax_computes_what_jax_computes(xlasim_sim):
+    # The example of call_jax's docstring in torch_xla 2.9: a + sin(b) equals the torch ops.
+    need_tpu_compiler()
+    import torch_xla.core.xla_builder as xb
+
+    a = torch.ones((3, 3), device="xla")
+    b = xb.call_jax(_add_sin, (a, a))
+    assert b.device.type == "xla" and b.dtype == torch.float32
+    torch.testing.assert_close(b.cpu(), torch.sin(torch.ones(3, 3)) + 1)
+
+
+def test_a_call_is_a_pending_node_of_the_lazy_graph(xlasim_sim):
+    # As in torch_xla, calling runs nothing: the node's outputs are computed when the graph
+    # holding them is (one compile, one execution for both outputs).
+    need_tpu_compiler()
+    import torch_xla
+    import torch_xla.core.xla_builder as xb
+    import torch_xla.debug.metrics as met
+
+    a = torch.arange(6.0, device="xla").reshape(2, 3)
+    torch_xla.sync()
+    met.clear_all()
+    total, diff = xb.call_jax(lambda x, y: (x + y, x - y), (a, a * 2))
+    assert met.metric_data("ExecuteTime") is None
+    torch_xla.sync()
+    assert met.metric_data("CompileTime")[0] == 1
+    assert met.metric_data("ExecuteTime")[0] == 1
+    expected = torch.arange(6.0).reshape(2, 3)
+    torch.testing.assert_close(total.cpu(), expected * 3)
+    torch.testing.assert_close(diff.cpu(), -expected)
+
+
+def test_lowered_once_per_input_shapes_and_compiled_once(xlasim_sim):
+    # torch_xla's cache: one lowering per (function, input shapes); the same lowering in each
+    # step gives the same graph, compiled once.
+    need_tpu_compiler()
+    import torch_xla
+    import torch_xla.core.xla_builder as xb
+    import torch_xla.debug.metrics as met
+
+    traces = 0
+
+    def counted(a, b):
+        nonlocal traces
+        traces += 1
+        return a @ b
+
+    xb._JAX_TO_XLA_COMPUTATION_CACHE.clear()
+    torch_xla.sync()
+    met.clear_all()
+    for step in range(3):
+        a = torch.full((4, 4), float(step), device="xla")
+        out = xb.call_jax(counted, (a, a))
+        torch_xla.sync()
+        torch.testing.assert_close(out.cpu(), torch.full((4, 4), 4.0 * step * step))
+    assert traces == 1
+    assert xb._jax_to_xla_computation_cache_elements() == 1
+    assert met.metric_data("CompileTime")[0] == 1
+
+    xb.call_jax(counted, (torch.ones((2, 2), device="xla"),) * 2)
+    assert traces == 2
+    assert xb._jax_to_xla_computation_cache_elements() == 2
+
+
+def test_override_hash_shares_the_lowering_of_closures(xlasim_sim):
+    need_tpu_compiler()
+    import torch_xla.core.xla_builder as xb
+
+    xb._JAX_TO_XLA_COMPUTATION_CACHE.clear()
+    a = torch.ones((2,), device="xla")
+    results = []
+    for scale in (2.0, 3.0):
+
+        def scaled(x, scale=scale):
+            return x * scale
+
+        results.append(xb.call_jax(scaled, (a,), override_hash="scaled").cpu())
+    # The second closure was never traced: the cached lowering (scale 2) ran, as in torch_xla.
+    assert xb._jax_to_xla_computation_cache_elements() == 1
+    torch.testing.assert_close(results[1], torch.full((2,), 2.0))
+
+
+def test_pytrees_kwargs_and_dtype_arguments(xlasim_sim):
+    need_tpu_compiler()
+    import torch_xla.core.xla_builder as xb
+
+    def f(pair, *, scale, dtype):
+        x, y = pair
+        return {"sum": (x + y * scale).astype(dtype), "first": x}
+
+    x = torch.tensor([1.5, 2.5], device="xla")
+    y = torch.tensor([1.0, 1.0], device="xla")
+    out = xb.call_jax(f, ((x, y),), {"scale": 2.0, "dtype": torch.int32})
+    assert set(out) == {"sum", "first"}
+    assert out["sum"].dtype == torch.int32
+    assert torch.equal(out["sum"].cpu(), torch.tensor([3, 4], dtype=torch.int32))
+    torch.testing.assert_close(out["first"].cpu(), torch.tensor([1.5, 2.5]))
+
+
+def test_bfloat16_and_integer_values_cross_exactly(xlasim_sim):
+    need_tpu_compiler()
+    import torch_xla.core.xla_builder as xb
+
+    bf = torch.tensor([1.5, -2.25, 3.0], dtype=torch.bfloat16)
+    ints = torch.tensor([7, -3, 2**20], dtype=torch.int32)
+    out_bf, out_int = xb.call_jax(lambda a, b: (a * 2, b + 1), (bf.to("xla"), ints.to("xla")))
+    assert out_bf.dtype == torch.bfloat16 and torch.equal(out_bf.cpu(), bf * 2)
+    assert torch.equal(out_int.cpu(), ints + 1)
+
+
+def test_jax_callable_is_shape_generic(xlasim_sim):
+    need_tpu_compiler()
+    import torch_xla.core.xla_builder as xb
+
+    doubled = xb.JaxCallable(lambda x: x * 2)
+    for n in (2, 5):
+        x = torch.arange(float(n))
+        torch.testing.assert_close(doubled(x.to("xla")).cpu(), x * 2)
+    assert len(doubled._cache) == 2
+
+
+def test_a_cpu_tensor_argument_is_refused(xlasim_sim):
+    # torch_xla's user computations take XLA tensors only (bridge::GetXlaTensor's error).
+    need_tpu_compiler()
+    import torch_xla.core.xla_builder as xb
+
+    with pytest.raises(RuntimeError, match="Expected XLA tensor"):
+        xb.call_jax(_add_sin, (torch.ones(2), torch.ones(2)))
+
+
+def test_xla_callable_builds_once_per_shape(xlasim_sim):
+    # XlaCallable needs no JAX: the builder's ops, one computation per input shapes.
+    import torch_xla.core.xla_builder as xb
+
+    add_mul = xb.XlaCallable(lambda a, b: (a + b, a * b))
+    x = torch.tensor([1.0, 2.0])
+    y = torch.tensor([3.0, 4.0])
+    s, p = add_mul(x.to("xla"), y.to("xla"))
+    torch.testing.assert_close(s.cpu(), x + y)
+    torch.testing.assert_close(p.cpu(), x * y)
+    add_mul(x.to("xla"), y.to("xla"))
+    assert len(add_mul._cache) == 1
+
+
+def test_without_the_extra_call_jax_names_it(xlasim_sim):
+    reason = tpu_compiler_missing()
+    if reason is None:
+        pytest.skip("the tpu-compiler extra is installed here")
+    import torch_xla.core.xla_builder as xb
+
+    with pytest.raises(NotImplementedError, match="tpu-compiler"):
+        xb.call_jax(_add_sin, (torch.ones(2, device="xla"),) * 2)
+
+
+def _torchax_missing() -> str | None:
+    try:
+        importlib.import_module("torchax")
+    except ImportError:
+        return "torchax is not installed"
+    except AttributeError as e:
+        # torchax's import-time op tables name aten overloads of named tensors, which the torch
+        # of this env no longer has.
+        return f"torchax does not import with torch {torch.__version__}: {e}"
+    return None
+
+
+def test_assume_pure_forward_and_backward(xlasim_sim):
+    # assume_pure goes through torchax (as in torch_xla 2.9): its forward and backward are one
+    # call_jax each, so a training loop lowers twice however many steps it runs (torch_xla's
+    # own test of assume_pure checks the same two lowerings).
+    need_tpu_compiler()
+    reason = _torchax_missing()
+    if reason:
+        pytest.skip(reason)
+    import torch_xla
+    import torch_xla.core.xla_builder as xb
+    from torch_xla.experimental.assume_pure import assume_pure
+
+    @assume_pure
+    def sin_matmul(a, b):
+        return torch.sin(a @ b)
+
+    xb._JAX_TO_XLA_COMPUTATION_CACHE.clear()
+    for _ in range(3):
+        a = torch.ones((3, 3), device="xla", requires_grad=True)
+        out = sin_matmul(a, a)
+        out.sum().backward()
+        torch_xla.sync()
+    assert xb._jax_to_xla_computation_cache_elements() == 2
+    ref = torch.ones((3, 3), requires_grad=True)
+    torch.sin(ref @ ref).sum().backward()
+    torch.testing.assert_close(out.cpu(), torch.sin(torch.full((3, 3), 3.0)))
+    assert a.grad is not None
+    torch.testing.assert_close(a.grad.cpu(), ref.grad)

@@ -1,0 +1,124 @@
+"""JAX functions called on XLA tensors (``torch_xla.core.xla_builder.call_jax``) run by JAX on
+the CPU.
+
+On a TPU, torch_xla lowers the JAX function to HLO once per input shapes and runs that HLO as one
+node of the lazy graph. Here the function is jitted by JAX for the same abstract inputs and the
+compiled CPU executable computes the node's values, so the results are what JAX computes (on
+the CPU: its float rounding, not necessarily a TPU's matrix unit). Part of the optional
+TPU-compiler layer (the ``tpu-compiler`` extra): importing this module imports jax.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+# First: jax is imported inside libtpu's load environment, and set up as the rest of the layer
+# uses it (CPU platform).
+from xlasim.runtime.compiler import libtpu  # noqa: F401
+
+# isort: split
+import jax
+import ml_dtypes
+import numpy as np
+import torch
+from jax._src import config as jax_config
+
+# torch dtypes with the numpy/ml_dtypes type JAX names them by (torchax's mapping, which
+# torch_xla uses, gives the same JAX dtype for each).
+_JAX_DTYPES: dict[torch.dtype, Any] = {
+    torch.float64: np.float64,
+    torch.float32: np.float32,
+    torch.float16: np.float16,
+    torch.bfloat16: ml_dtypes.bfloat16,
+    torch.int64: np.int64,
+    torch.int32: np.int32,
+    torch.int16: np.int16,
+    torch.int8: np.int8,
+    torch.uint8: np.uint8,
+    torch.uint16: np.uint16,
+    torch.uint32: np.uint32,
+    torch.uint64: np.uint64,
+    torch.bool: np.bool_,
+    torch.complex64: np.complex64,
+    torch.complex128: np.complex128,
+    torch.float8_e5m2: ml_dtypes.float8_e5m2,
+    torch.float8_e4m3fn: ml_dtypes.float8_e4m3fn,
+}
+_TORCH_DTYPES: dict[Any, torch.dtype] = {np.dtype(v): k for k, v in _JAX_DTYPES.items()}
+
+
+def jax_module() -> Any:
+    """The jax package, for callers outside this layer (``maybe_get_jax``)."""
+    return jax
+
+
+def jax_dtype(dtype: torch.dtype) -> Any:
+    """The JAX dtype of a torch dtype (``ValueError`` for one JAX has no match for)."""
+    if dtype not in _JAX_DTYPES:
+        raise ValueError(f"Unsupported dtype: {dtype}")
+    return jax.numpy.dtype(_JAX_DTYPES[dtype])
+
+
+def torch_dtype(dtype: Any) -> torch.dtype:
+    found = _TORCH_DTYPES.get(np.dtype(dtype))
+    if found is None:
+        raise NotImplementedError(f"xlasim: a JAX function returned {dtype}, not simulated")
+    return found
+
+
+def tree_flatten(tree: Any) -> tuple[list[Any], Any]:
+    """JAX's pytree flattening (it knows JAX's own containers, e.g. a ``jax.vjp`` residual)."""
+    leaves, spec = jax.tree.flatten(tree)
+    return leaves, spec
+
+
+def tree_unflatten(spec: Any, leaves: Sequence[Any]) -> Any:
+    return jax.tree.unflatten(spec, list(leaves))
+
+
+def trace_context() -> Any:
+    """JAX's configuration that changes what a trace produces (x64, matmul precision, ...): a
+    function lowered under one is lowered again under another, as ``jax.jit`` does."""
+    return jax_config.trace_context()
+
+
+def _to_jax(value: torch.Tensor) -> jax.Array:
+    value = value.detach().contiguous()
+    return jax.dlpack.from_dlpack(value)
+
+
+def _to_torch(array: Any) -> torch.Tensor:
+    # dlpack shares JAX's buffer; the copy lets the simulated device own its value.
+    return torch.from_dlpack(array).clone()
+
+
+class Lowered:
+    """A flat JAX function jitted for one tuple of abstract inputs, as a user computation:
+    ``key`` stands for its lowered module (the same module, the same graph node), ``run``
+    computes its outputs from input values (shapes only, for meta inputs)."""
+
+    def __init__(self, flat_fn: Callable[[Any], Any], avals: Sequence[tuple[Any, torch.dtype]]):
+        structs = tuple(
+            None if aval is None else jax.ShapeDtypeStruct(tuple(aval[0]), jax_dtype(aval[1]))
+            for aval in avals
+        )
+        # keep_unused: every tensor argument is an input of the node, used or not, as in
+        # torch_xla's lowering.
+        lowered = jax.jit(flat_fn, keep_unused=True).lower(structs)
+        digest = hashlib.sha256(lowered.as_text().encode()).digest()
+        self.key = int.from_bytes(digest[:8], "little")
+        self._outputs = [(tuple(o.shape), torch_dtype(o.dtype)) for o in lowered.out_info]
+        self._compiled = lowered.compile()
+
+    @property
+    def outputs(self) -> list[tuple[tuple[int, ...], torch.dtype]]:
+        return list(self._outputs)
+
+    def run(self, values: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:
+        if any(v is not None and v.is_meta for v in values):
+            # A dry run: shapes only.
+            return [torch.empty(s, dtype=d, device="meta") for s, d in self._outputs]
+        args = tuple(None if v is None else _to_jax(v) for v in values)
+        return [_to_torch(out) for out in self._compiled(args)]

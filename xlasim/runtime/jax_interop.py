@@ -1,0 +1,39 @@
+"""JAX functions on XLA tensors (``xla_builder.call_jax``): JAX jits them on the CPU
+(``xlasim.runtime.compiler.jax_call``, which comes with the optional ``tpu-compiler`` extra) and
+each call is one user-computation node of the lazy graph. Loaded on first use, as it imports
+jax."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from xlasim.runtime.errors import expected_xla_tensor
+from xlasim.runtime.settings import tpu_compiler_layer
+from xlasim.runtime.tensor import XlaSimTensor, user_computation
+
+
+def layer() -> ModuleType:
+    """The JAX-calling layer, or ``NotImplementedError`` naming the extra it needs."""
+    return tpu_compiler_layer(
+        "xlasim.runtime.compiler.jax_call", "xlasim runs JAX functions on XLA tensors with JAX"
+    )
+
+
+def run(opname: str, inputs: Sequence[torch.Tensor], lowered: Any) -> list[torch.Tensor]:
+    """``lowered`` (a ``jax_call.Lowered``) on XLA tensors: one IR node ``opname`` with an output
+    per output of the JAX function."""
+    tensors: list[XlaSimTensor] = []
+    for t in inputs:
+        if not isinstance(t, XlaSimTensor):
+            raise expected_xla_tensor(t, "")
+        if t._manual is not None:
+            raise NotImplementedError(
+                f"xlasim does not run JAX function {opname} on manually sharded tensors"
+            )
+        tensors.append(t)
+    values = lowered.run([t._elem for t in tensors])
+    return list(user_computation(tensors, values, opname, lowered.key))
