@@ -211,3 +211,23 @@ def test_assume_pure_forward_and_backward(xlasim_sim):
     torch.testing.assert_close(out.cpu(), torch.sin(torch.full((3, 3), 3.0)))
     assert a.grad is not None
     torch.testing.assert_close(a.grad.cpu(), ref.grad)
+
+
+def test_a_gradient_of_an_integer_input_is_a_false_pred(xlasim_sim):
+    # jax.vjp's cotangent of an integer input is float0, which JAX lowers to a pred constant
+    # false (its StableHLO), so torch_xla's node yields a bool tensor of that shape.
+    need_tpu_compiler()
+    import torch_xla.core.xla_builder as xb
+
+    def grads(x, seed):
+        import jax
+
+        y, pullback = jax.vjp(lambda x, seed: x * 2, x, seed)
+        return pullback(y)
+
+    x = torch.ones(3, device="xla")
+    seed = torch.tensor(5, dtype=torch.uint32, device="xla")
+    grad_x, grad_seed = xb.call_jax(grads, (x, seed))
+    torch.testing.assert_close(grad_x.cpu(), torch.full((3,), 4.0))
+    assert grad_seed.dtype == torch.bool and grad_seed.shape == ()
+    assert not grad_seed.cpu().item()

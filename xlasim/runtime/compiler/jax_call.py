@@ -62,6 +62,10 @@ def jax_dtype(dtype: torch.dtype) -> Any:
 
 
 def torch_dtype(dtype: Any) -> torch.dtype:
+    if dtype == jax.dtypes.float0:
+        # The tangent type of integer inputs (a jax.vjp's gradient for them): JAX lowers it
+        # to a pred constant, which is what torch_xla's node returns.
+        return torch.bool
     found = _TORCH_DTYPES.get(np.dtype(dtype))
     if found is None:
         raise NotImplementedError(f"xlasim: a JAX function returned {dtype}, not simulated")
@@ -90,6 +94,8 @@ def _to_jax(value: torch.Tensor) -> jax.Array:
 
 
 def _to_torch(array: Any) -> torch.Tensor:
+    if array.dtype == jax.dtypes.float0:
+        return torch.zeros(array.shape, dtype=torch.bool)
     # dlpack shares JAX's buffer; the copy lets the simulated device own its value.
     return torch.from_dlpack(array).clone()
 
