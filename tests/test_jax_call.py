@@ -231,3 +231,28 @@ def test_a_gradient_of_an_integer_input_is_a_false_pred(xlasim_sim):
     torch.testing.assert_close(grad_x.cpu(), torch.full((3,), 4.0))
     assert grad_seed.dtype == torch.bool and grad_seed.shape == ()
     assert not grad_seed.cpu().item()
+
+
+@pytest.mark.topology("2x2x1", accelerator="v4")
+def test_sharded_inputs_and_jax_meshes_are_refused_under_spmd(xlasim_sim):
+    # torch_xla's partitioner would carry the shardings through the function's HLO (and
+    # assume_pure's mark_sharding needs a JAX mesh of the slice's devices): not simulated.
+    need_tpu_compiler()
+    import numpy as np
+    import torch_xla.core.xla_builder as xb
+    import torch_xla.distributed.spmd as xs
+    import torch_xla.runtime as xr
+
+    xr.use_spmd()
+    mesh = xs.Mesh(np.arange(4), (4, 1), ("model", "data"))
+    replicated = torch.ones(8, 4).to("xla")
+    torch.testing.assert_close(
+        xb.call_jax(_add_sin, (replicated, replicated)).cpu().sum(),
+        (torch.ones(8, 4) + torch.sin(torch.ones(8, 4))).sum(),
+    )
+    sharded = torch.ones(8, 4).to("xla")
+    xs.mark_sharding(sharded, mesh, ("model", None))
+    with pytest.raises(NotImplementedError, match="on sharded tensors"):
+        xb.call_jax(_add_sin, (sharded, sharded))
+    with pytest.raises(NotImplementedError, match="Mesh.get_jax_mesh"):
+        mesh.get_jax_mesh()

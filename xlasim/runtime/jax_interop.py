@@ -34,6 +34,14 @@ def run(opname: str, inputs: Sequence[torch.Tensor], lowered: Any) -> list[torch
             raise NotImplementedError(
                 f"xlasim does not run JAX function {opname} on manually sharded tensors"
             )
+        if t._sharding is not None and not t._sharding.is_replicated:
+            # torch_xla's partitioner carries the input shardings through the function's HLO;
+            # JAX on the CPU computes it whole and would leave every output replicated.
+            raise NotImplementedError(
+                f"xlasim does not run JAX function {opname} on sharded tensors "
+                f"(sharding {t._sharding.op.debug_string()}): the shardings its outputs would "
+                "get are not simulated"
+            )
         tensors.append(t)
     values = lowered.run([t._elem for t in tensors])
     return list(user_computation(tensors, values, opname, lowered.key))

@@ -11,6 +11,7 @@ with the real ones), so pytest must not rewrite them.
 from __future__ import annotations
 
 import ast
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,7 +79,11 @@ class Mesh(_mesh.Mesh):
             return None
 
     def get_jax_mesh(self) -> Any:
-        raise NotImplementedError("xlasim does not simulate JAX interop (Mesh.get_jax_mesh)")
+        # JAX runs on the host's CPU here (call_jax, assume_pure), not on the slice's devices.
+        raise NotImplementedError(
+            "xlasim does not simulate JAX meshes of the slice's devices (Mesh.get_jax_mesh), "
+            "nor so sharding inside JAX functions (mark_sharding under assume_pure)"
+        )
 
 
 def set_global_mesh(mesh: Mesh) -> None:
@@ -192,6 +197,10 @@ def _annotate(
 ) -> XLAShardedTensor:
     """Checks the spec, hands its OpSharding to ``binding`` and returns ``t`` with the layout."""
     _require_full_spec(t, partition_spec)
+    torchax_tensor = sys.modules.get("torchax.tensor")
+    if torchax_tensor is not None and isinstance(t, torchax_tensor.Tensor):
+        # Inside a JAX trace (assume_pure): torch_xla shards it over the mesh's JAX devices.
+        mesh.get_jax_mesh()
     sharding = mesh.get_op_sharding(partition_spec)
     binding(unwrap_sharded_tensor(t), sharding)
     return _with_layout(t, mesh, partition_spec)
