@@ -256,3 +256,18 @@ def test_sharded_inputs_and_jax_meshes_are_refused_under_spmd(xlasim_sim):
         xb.call_jax(_add_sin, (sharded, sharded))
     with pytest.raises(NotImplementedError, match="Mesh.get_jax_mesh"):
         mesh.get_jax_mesh()
+
+
+def test_a_dry_run_gets_the_output_shapes_without_values(xlasim_sim):
+    need_tpu_compiler()
+    import xlasim
+
+    with xlasim.simulate(topology="2x2", dry_run=True):
+        import torch_xla
+        import torch_xla.core.xla_builder as xb
+
+        x = torch.ones((3, 5), device=torch_xla.device())
+        gram, total = xb.call_jax(lambda x: (x.T @ x, x.sum()), (x,))
+        torch_xla.sync()
+        assert (gram.shape, gram.dtype) == (torch.Size([5, 5]), torch.float32)
+        assert total.shape == ()
