@@ -234,9 +234,9 @@ def test_a_gradient_of_an_integer_input_is_a_false_pred(xlasim_sim):
 
 
 @pytest.mark.topology("2x2x1", accelerator="v4")
-def test_sharded_inputs_and_jax_meshes_are_refused_under_spmd(xlasim_sim):
-    # torch_xla's partitioner would carry the shardings through the function's HLO (and
-    # assume_pure's mark_sharding needs a JAX mesh of the slice's devices): not simulated.
+def test_sharded_inputs_are_refused_under_spmd(xlasim_sim):
+    # torch_xla's partitioner would carry the shardings through the function's HLO, giving its
+    # outputs shardings the simulator does not work out.
     need_tpu_compiler()
     import numpy as np
     import torch_xla.core.xla_builder as xb
@@ -246,16 +246,42 @@ def test_sharded_inputs_and_jax_meshes_are_refused_under_spmd(xlasim_sim):
     xr.use_spmd()
     mesh = xs.Mesh(np.arange(4), (4, 1), ("model", "data"))
     replicated = torch.ones(8, 4).to("xla")
-    torch.testing.assert_close(
-        xb.call_jax(_add_sin, (replicated, replicated)).cpu().sum(),
-        (torch.ones(8, 4) + torch.sin(torch.ones(8, 4))).sum(),
-    )
+    out = xb.call_jax(_add_sin, (replicated, replicated))
+    torch.testing.assert_close(out.cpu(), torch.ones(8, 4) + torch.sin(torch.ones(8, 4)))
     sharded = torch.ones(8, 4).to("xla")
     xs.mark_sharding(sharded, mesh, ("model", None))
     with pytest.raises(NotImplementedError, match="on sharded tensors"):
         xb.call_jax(_add_sin, (sharded, sharded))
-    with pytest.raises(NotImplementedError, match="Mesh.get_jax_mesh"):
-        mesh.get_jax_mesh()
+
+
+@pytest.mark.topology("2x2x1", accelerator="v4")
+def test_the_jax_mesh_holds_the_slice_devices_but_runs_nothing_here(xlasim_sim):
+    # On a TPU VM, Mesh.get_jax_mesh() maps each torch_xla device id to JAX's device of that id
+    # (the same chip: torch_xla's test of it compares their coords). Here JAX's devices are
+    # libtpu's descriptions of the slice's devices: JAX lowers for them, nothing runs them.
+    need_tpu_compiler()
+    import jax
+    import numpy as np
+    import torch_xla.core.xla_builder as xb
+    import torch_xla.distributed.spmd as xs
+    import torch_xla.runtime as xr
+
+    xr.use_spmd()
+    order = [2, 0, 3, 1]
+    mesh = xs.Mesh(np.array(order), (2, 2), ("model", "data"))
+    jax_mesh = mesh.get_jax_mesh()
+    assert jax_mesh.devices.shape == (2, 2) and jax_mesh.axis_names == ("model", "data")
+    assert [d.id for d in jax_mesh.devices.flat] == order
+    attributes = xr.global_runtime_device_attributes()
+    assert [list(d.coords) for d in jax_mesh.devices.flat] == [
+        list(attributes[i]["coords"]) for i in order
+    ]
+
+    spec = jax.sharding.NamedSharding(jax_mesh, jax.sharding.PartitionSpec("model"))
+    with pytest.raises(NotImplementedError, match="placed on the slice's TPU devices"):
+        xb.call_jax(
+            lambda x: jax.lax.with_sharding_constraint(x, spec), (torch.ones(4, device="xla"),)
+        )
 
 
 def test_a_dry_run_gets_the_output_shapes_without_values(xlasim_sim):

@@ -13,6 +13,7 @@ import torch
 
 from xlasim.runtime.errors import expected_xla_tensor
 from xlasim.runtime.settings import tpu_compiler_layer
+from xlasim.runtime.state import SimRuntime
 from xlasim.runtime.tensor import XlaSimTensor, user_computation
 
 
@@ -45,3 +46,17 @@ def run(opname: str, inputs: Sequence[torch.Tensor], lowered: Any) -> list[torch
         tensors.append(t)
     values = lowered.run([t._elem for t in tensors])
     return list(user_computation(tensors, values, opname, lowered.key))
+
+
+def jax_mesh(rt: SimRuntime, device_ids: Any, axis_names: Sequence[str]) -> Any:
+    """``Mesh.get_jax_mesh``: on a simulated TPU the JAX devices are libtpu's descriptions of
+    the slice's devices (JAX lowers for them; nothing here runs on them), under
+    ``PJRT_DEVICE=CPU`` JAX's CPU devices, as torch_xla's process would see."""
+    jax_call = layer()
+    tpu_devices = None
+    if rt.client.is_tpu:
+        libtpu = tpu_compiler_layer(
+            "xlasim.runtime.compiler.libtpu", "xlasim describes the slice's devices to JAX"
+        )
+        tpu_devices = libtpu.topology_devices(rt.spec, rt.num_slices)
+    return jax_call.jax_mesh(device_ids, axis_names, tpu_devices)

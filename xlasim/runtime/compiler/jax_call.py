@@ -72,6 +72,38 @@ def torch_dtype(dtype: Any) -> torch.dtype:
     return found
 
 
+def jax_mesh(
+    device_ids: np.ndarray, axis_names: Sequence[str], tpu_devices: Sequence[Any] | None
+) -> Any:
+    """A JAX mesh of ``device_ids`` (shaped as the mesh): JAX's device with each id, from
+    ``tpu_devices`` (the slice's, in the simulator's id order) or else JAX's CPU devices."""
+    if tpu_devices is None:
+        by_id = {d.id: d for d in jax.devices("cpu")}
+    else:
+        for index, device in enumerate(tpu_devices):
+            if device.id != index:
+                raise NotImplementedError(
+                    "xlasim does not simulate JAX meshes of this slice (Mesh.get_jax_mesh): "
+                    f"libtpu numbers its device at {tuple(device.coords)} {device.id}, the "
+                    f"simulator {index}"
+                )
+        by_id = dict(enumerate(tpu_devices))
+    missing = sorted({int(i) for i in device_ids.flat} - set(by_id))
+    if missing:
+        raise ValueError(
+            f"torch_xla device ID {np.array(missing)} not found in available JAX devices"
+        )
+    devices = np.empty(device_ids.shape, dtype=object)
+    for place, device_id in np.ndenumerate(device_ids):
+        devices[place] = by_id[int(device_id)]
+    return jax.sharding.Mesh(devices, tuple(axis_names))
+
+
+def constrain(tensor: Any, mesh: Any, partition_spec: tuple[Any, ...]) -> None:
+    """``mark_sharding`` of a torchax tensor (inside a JAX trace): its sharding constraint."""
+    tensor.shard_(jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(*partition_spec)))
+
+
 def tree_flatten(tree: Any) -> tuple[list[Any], Any]:
     """JAX's pytree flattening (it knows JAX's own containers, e.g. a ``jax.vjp`` residual)."""
     leaves, spec = jax.tree.flatten(tree)
@@ -117,6 +149,18 @@ class Lowered:
         self.key = int.from_bytes(digest[:8], "little")
         self._outputs = [(tuple(o.shape), torch_dtype(o.dtype)) for o in lowered.out_info]
         self._compiled = lowered.compile()
+        shardings = jax.tree.leaves(
+            (self._compiled.input_shardings, self._compiled.output_shardings)
+        )
+        platforms = {d.platform for sharding in shardings for d in sharding.device_set}
+        if platforms - {"cpu"}:
+            # A mesh of the slice's devices (Mesh.get_jax_mesh): libtpu compiles it, nothing
+            # here can run it.
+            raise NotImplementedError(
+                "xlasim does not run JAX functions placed on the slice's TPU devices (a "
+                "sharding over Mesh.get_jax_mesh(), e.g. mark_sharding under assume_pure); "
+                "JAX computes call_jax on the CPU"
+            )
 
     @property
     def outputs(self) -> list[tuple[tuple[int, ...], torch.dtype]]:

@@ -26,6 +26,7 @@ from torch_xla import _XLAC as _xlac
 from torch_xla.distributed.spmd.xla_sharded_tensor import XLAShardedTensor
 
 from xlasim.runtime import custom_ops as _custom_ops
+from xlasim.runtime import jax_interop
 from xlasim.runtime import state as _runtime_state
 from xlasim.runtime.tensor import XlaSimTensor
 from xlasim.sharding import mesh as _mesh
@@ -79,11 +80,12 @@ class Mesh(_mesh.Mesh):
             return None
 
     def get_jax_mesh(self) -> Any:
-        # JAX runs on the host's CPU here (call_jax, assume_pure), not on the slice's devices.
-        raise NotImplementedError(
-            "xlasim does not simulate JAX meshes of the slice's devices (Mesh.get_jax_mesh), "
-            "nor so sharding inside JAX functions (mark_sharding under assume_pure)"
-        )
+        """The JAX mesh of the same device ids, shape and axis names: on a simulated TPU,
+        libtpu's descriptions of the slice's devices (JAX can lower for them; call_jax cannot
+        run on them here), under PJRT_DEVICE=CPU JAX's CPU devices."""
+        names = self.axis_names or tuple(str(i) for i in range(len(self.mesh_shape)))
+        ids = np.asarray(self.device_ids).reshape(self.mesh_shape)
+        return jax_interop.jax_mesh(_runtime_state.current(), ids, names)
 
 
 def set_global_mesh(mesh: Mesh) -> None:
@@ -199,8 +201,10 @@ def _annotate(
     _require_full_spec(t, partition_spec)
     torchax_tensor = sys.modules.get("torchax.tensor")
     if torchax_tensor is not None and isinstance(t, torchax_tensor.Tensor):
-        # Inside a JAX trace (assume_pure): torch_xla shards it over the mesh's JAX devices.
-        mesh.get_jax_mesh()
+        # Inside a JAX trace (assume_pure): a sharding constraint over the mesh's JAX devices.
+        jax_interop.layer().constrain(t, mesh.get_jax_mesh(), tuple(partition_spec))
+        # torch_xla hands the torchax tensor back as it is.
+        return t
     sharding = mesh.get_op_sharding(partition_spec)
     binding(unwrap_sharded_tensor(t), sharding)
     return _with_layout(t, mesh, partition_spec)
