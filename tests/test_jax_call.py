@@ -297,3 +297,35 @@ def test_a_dry_run_gets_the_output_shapes_without_values(xlasim_sim):
         torch_xla.sync()
         assert (gram.shape, gram.dtype) == (torch.Size([5, 5]), torch.float32)
         assert total.shape == ()
+
+
+def test_float32_matmuls_round_as_the_simulated_tpu_does(xlasim_sim):
+    # On a TPU a float32 dot at JAX's DEFAULT precision is one pass over bfloat16-rounded
+    # operands (JAX's documentation of lax.Precision), as the simulator's own matmuls at
+    # torch_xla's default precision; HIGHEST is float32.
+    need_tpu_compiler()
+    import jax
+    import jax.numpy as jnp
+    import torch_xla.core.xla_builder as xb
+
+    torch.manual_seed(0)
+    a, b = torch.randn(16, 32), torch.randn(32, 8)
+    xa, xb_ = a.to("xla"), b.to("xla")
+    lazy = (xa @ xb_).cpu()
+    exact = a @ b
+    rounded = a.bfloat16().float() @ b.bfloat16().float()
+
+    def in_a_loop(x, y):
+        # A scan's body is rewritten too.
+        return jax.lax.scan(lambda c, _: (c, jnp.dot(c, y)), x, None, length=1)[1][0]
+
+    for fn in (jnp.matmul, in_a_loop):
+        out = xb.call_jax(fn, (xa, xb_)).cpu()
+        torch.testing.assert_close(out, lazy, rtol=0, atol=1e-5)
+        torch.testing.assert_close(out, rounded, rtol=0, atol=1e-5)
+        assert (out - exact).abs().max() > 1e-3
+
+    def highest(x, y):
+        return jnp.dot(x, y, precision=jax.lax.Precision.HIGHEST)
+
+    torch.testing.assert_close(xb.call_jax(highest, (xa, xb_)).cpu(), exact)

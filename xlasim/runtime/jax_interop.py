@@ -5,12 +5,13 @@ jax."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
 import torch
 
+from xlasim.runtime import numerics
 from xlasim.runtime.errors import expected_xla_tensor
 from xlasim.runtime.settings import tpu_compiler_layer
 from xlasim.runtime.state import SimRuntime
@@ -22,6 +23,12 @@ def layer() -> ModuleType:
     return tpu_compiler_layer(
         "xlasim.runtime.compiler.jax_call", "xlasim runs JAX functions on XLA tensors with JAX"
     )
+
+
+def lower(flat_fn: Callable[[Any], Any], avals: Sequence[tuple[Any, torch.dtype] | None]) -> Any:
+    """``flat_fn`` jitted for ``avals`` (a ``jax_call.Lowered``); on a simulated TPU its float32
+    matmuls round as the TPU's do (``jax_numerics``), as the simulator's own matmuls do."""
+    return layer().Lowered(flat_fn, avals, tpu_matmuls=numerics.level() is not None)
 
 
 def run(opname: str, inputs: Sequence[torch.Tensor], lowered: Any) -> list[torch.Tensor]:

@@ -25,6 +25,8 @@ import numpy as np
 import torch
 from jax._src import config as jax_config
 
+from xlasim.runtime.compiler import jax_numerics
+
 # torch dtypes with the numpy/ml_dtypes type JAX names them by (torchax's mapping, which
 # torch_xla uses, gives the same JAX dtype for each).
 _JAX_DTYPES: dict[torch.dtype, Any] = {
@@ -137,13 +139,20 @@ class Lowered:
     ``key`` stands for its lowered module (the same module, the same graph node), ``run``
     computes its outputs from input values (shapes only, for meta inputs)."""
 
-    def __init__(self, flat_fn: Callable[[Any], Any], avals: Sequence[tuple[Any, torch.dtype]]):
+    def __init__(
+        self,
+        flat_fn: Callable[[Any], Any],
+        avals: Sequence[tuple[Any, torch.dtype] | None],
+        tpu_matmuls: bool = False,
+    ):
         structs = tuple(
             None if aval is None else jax.ShapeDtypeStruct(tuple(aval[0]), jax_dtype(aval[1]))
             for aval in avals
         )
         # keep_unused: every tensor argument is an input of the node, used or not, as in
         # torch_xla's lowering.
+        if tpu_matmuls:
+            flat_fn = jax_numerics.with_tpu_matmuls(flat_fn)
         lowered = jax.jit(flat_fn, keep_unused=True).lower(structs)
         digest = hashlib.sha256(lowered.as_text().encode()).digest()
         self.key = int.from_bytes(digest[:8], "little")

@@ -803,7 +803,7 @@ class JaxCallable(CompiledCallableWithCache):
 
     def specialize(self, sample_flat_args: Sequence[Any]) -> Callable[[Sequence[Any]], Any]:
         avals = [None if a is None else (tuple(a.shape), a.dtype) for a in sample_flat_args]
-        lowered = jax_interop.layer().Lowered(self._flat_input_func.flat_call, avals)
+        lowered = jax_interop.lower(self._flat_input_func.flat_call, avals)
 
         def run(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
             return jax_interop.run("xla::jax_func", tensors, lowered)
