@@ -255,13 +255,14 @@ def test_sharded_inputs_are_refused_under_spmd(xlasim_sim):
 
 
 @pytest.mark.topology("2x2x1", accelerator="v4")
-def test_the_jax_mesh_holds_the_slice_devices_but_runs_nothing_here(xlasim_sim):
+def test_the_jax_mesh_holds_the_slice_devices_and_shards_outputs(xlasim_sim):
     # On a TPU VM, Mesh.get_jax_mesh() maps each torch_xla device id to JAX's device of that id
     # (the same chip: torch_xla's test of it compares their coords). Here JAX's devices are
-    # libtpu's descriptions of the slice's devices: JAX lowers for them, nothing runs them.
+    # libtpu's descriptions of the slice's devices: JAX lowers for them, the CPU runs.
     need_tpu_compiler()
     import jax
     import numpy as np
+    import torch_xla
     import torch_xla.core.xla_builder as xb
     import torch_xla.distributed.spmd as xs
     import torch_xla.runtime as xr
@@ -277,11 +278,20 @@ def test_the_jax_mesh_holds_the_slice_devices_but_runs_nothing_here(xlasim_sim):
         list(attributes[i]["coords"]) for i in order
     ]
 
-    spec = jax.sharding.NamedSharding(jax_mesh, jax.sharding.PartitionSpec("model"))
-    with pytest.raises(NotImplementedError, match="placed on the slice's TPU devices"):
-        xb.call_jax(
-            lambda x: jax.lax.with_sharding_constraint(x, spec), (torch.ones(4, device="xla"),)
-        )
+    # A constraint over that mesh: libtpu's partitioner shards the output (torch_xla's result
+    # of such a call carries the sharding, as its assume_pure SPMD tests check); the values
+    # are the function's own, computed on the CPU without the constraint.
+    mesh = xs.Mesh(np.arange(4), (2, 2), ("model", "data"))
+    spec = jax.sharding.NamedSharding(mesh.get_jax_mesh(), jax.sharding.PartitionSpec("model"))
+    x = torch.arange(32.0).reshape(8, 4)
+    out = xb.call_jax(lambda x: jax.lax.with_sharding_constraint(x * 2, spec), (x.to("xla"),))
+    same = torch.zeros(8, 4).to("xla")
+    xs.mark_sharding(same, mesh, ("model", None))  # the same sharding, made by torch_xla's API
+    torch_xla.sync()
+    spec_text = torch_xla._XLAC._get_xla_sharding_spec(same)
+    assert spec_text == "{devices=[2,1,2]0,1,2,3 last_tile_dim_replicate}"
+    assert torch_xla._XLAC._get_xla_sharding_spec(out) == spec_text
+    torch.testing.assert_close(out.cpu(), x * 2)
 
 
 def test_a_dry_run_gets_the_output_shapes_without_values(xlasim_sim):

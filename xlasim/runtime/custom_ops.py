@@ -18,6 +18,8 @@ from torch.library import custom_op
 from xlasim.runtime.numerics import bilinear
 from xlasim.runtime.tensor import XlaSimTensor
 
+aten = torch.ops.aten
+
 # Linear as einsum keeps the batch dims unflattened, so their shardings propagate.
 _LINEAR = "...n,mn->...m"
 _LINEAR_GRAD_INPUT = "...m,mn->...n"
@@ -139,6 +141,63 @@ def _(
 ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
     wants = (want_input, want_weight, want_bias)
     return _linear_grads(grad_output, x, weight, bias, wants, multiply=_shapes_only)
+
+
+# torch_xla's max pooling ops (its C++ autograd ops; torchax lowers the xla:: ops it finds, and
+# looks them up starting with this one). Schemas as torch_xla 2.9 registers them.
+@custom_op(
+    "xla::max_pool2d_forward",
+    schema="(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, "
+    "int[2] dilation=1, bool ceil_mode=False) -> Tensor",
+    mutates_args=(),
+)
+def max_pool2d_forward(
+    x: Tensor,
+    kernel_size: list[int],
+    stride: Any = (),
+    padding: Any = 0,
+    dilation: Any = 1,
+    ceil_mode: bool = False,
+) -> Tensor:
+    return aten.max_pool2d_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode)[0]
+
+
+@max_pool2d_forward.register_fake
+def _(
+    x: Tensor,
+    kernel_size: list[int],
+    stride: Any = (),
+    padding: Any = 0,
+    dilation: Any = 1,
+    ceil_mode: bool = False,
+) -> Tensor:
+    return aten.max_pool2d_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode)[0]
+
+
+def _max_pool2d_backward(
+    grad_output: Tensor,
+    x: Tensor,
+    kernel_size: list[int],
+    stride: Any = (),
+    padding: Any = 0,
+    ceil_mode: bool = False,
+) -> Tensor:
+    # The schema has no dilation: torch_xla's backward is of an undilated pool.
+    dilation = [1, 1]
+    _, indices = aten.max_pool2d_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode)
+    return aten.max_pool2d_with_indices_backward(
+        grad_output, x, kernel_size, stride, padding, dilation, ceil_mode, indices
+    )
+
+
+max_pool2d_backward = custom_op(
+    "xla::max_pool2d_backward",
+    _max_pool2d_backward,
+    schema="(Tensor grad_output, Tensor self, int[2] kernel_size, int[2] stride=[], "
+    "int[2] padding=0, bool ceil_mode=False) -> Tensor",
+    mutates_args=(),
+)
+max_pool2d_backward.register_fake(_max_pool2d_backward)
 
 
 # The ops torch_xla registers for code compiled by dynamo, with torch_xla's schemas (its own

@@ -15,7 +15,8 @@ from xlasim.runtime import numerics
 from xlasim.runtime.errors import expected_xla_tensor
 from xlasim.runtime.settings import tpu_compiler_layer
 from xlasim.runtime.state import SimRuntime
-from xlasim.runtime.tensor import XlaSimTensor, user_computation
+from xlasim.runtime.tensor import XlaSimTensor, add_custom_sharding, user_computation
+from xlasim.sharding.tensor_sharding import TensorSharding
 
 
 def layer() -> ModuleType:
@@ -52,7 +53,14 @@ def run(opname: str, inputs: Sequence[torch.Tensor], lowered: Any) -> list[torch
             )
         tensors.append(t)
     values = lowered.run([t._elem for t in tensors])
-    return list(user_computation(tensors, values, opname, lowered.key))
+    outs = list(user_computation(tensors, values, opname, lowered.key))
+    for out, sharding in zip(outs, lowered.output_shardings, strict=True):
+        if sharding is not None:
+            # The function's HLO shards this output (libtpu's partitioner chose how).
+            spec = TensorSharding(sharding, tuple(out.shape))
+            add_custom_sharding(out, "Sharding", spec, tuple(out.shape))
+            out._sharding = spec
+    return list(outs)
 
 
 def jax_mesh(rt: SimRuntime, device_ids: Any, axis_names: Sequence[str]) -> Any:

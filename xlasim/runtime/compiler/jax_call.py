@@ -24,8 +24,10 @@ import ml_dtypes
 import numpy as np
 import torch
 from jax._src import config as jax_config
+from jax._src.lib import xla_client
 
-from xlasim.runtime.compiler import jax_numerics
+from xlasim.runtime.compiler import jaxpr_rewrite
+from xlasim.sharding.op_sharding import OpSharding, ProtoType
 
 # torch dtypes with the numpy/ml_dtypes type JAX names them by (torchax's mapping, which
 # torch_xla uses, gives the same JAX dtype for each).
@@ -134,10 +136,44 @@ def _to_torch(array: Any) -> torch.Tensor:
     return torch.from_dlpack(array).clone()
 
 
+def _on_cpu(compiled: Any) -> bool:
+    shardings = jax.tree.leaves((compiled.input_shardings, compiled.output_shardings))
+    return all(d.platform == "cpu" for sharding in shardings for d in sharding.device_set)
+
+
+def _op_sharding(sharding: Any, ndim: int) -> OpSharding | None:
+    """A JAX output sharding as the simulator's (None: replicated), devices by id."""
+    hlo = sharding._to_xla_hlo_sharding(ndim)
+    if hlo.is_replicated():
+        return None
+    proto = hlo.to_proto()
+    if proto.type != xla_client.OpSharding.Type.OTHER or list(proto.last_tile_dims):
+        raise NotImplementedError(
+            f"xlasim does not take a JAX function's output sharding {hlo} into the simulation"
+        )
+    dims = list(proto.tile_assignment_dimensions)
+    positions = list(proto.tile_assignment_devices)
+    if not positions:  # iota form: positions listed by the reshape/transpose it describes
+        iota = np.arange(int(np.prod(dims))).reshape(list(proto.iota_reshape_dims))
+        positions = iota.transpose(list(proto.iota_transpose_perm)).reshape(-1).tolist()
+    devices = sharding._device_assignment
+    return OpSharding.from_fields(
+        ProtoType.OTHER,
+        dims,
+        [devices[p].id for p in positions],
+        bool(proto.replicate_on_last_tile_dim),
+    )
+
+
 class Lowered:
     """A flat JAX function jitted for one tuple of abstract inputs, as a user computation:
     ``key`` stands for its lowered module (the same module, the same graph node), ``run``
-    computes its outputs from input values (shapes only, for meta inputs)."""
+    computes its outputs from input values (shapes only, for meta inputs), and
+    ``output_shardings`` says how each output comes out sharded (None: not sharded).
+
+    A function with shardings over the slice's TPU devices (``Mesh.get_jax_mesh``) is compiled
+    by libtpu, whose partitioner gives the output shardings; its values come from the same
+    function with those constraints dropped (they change no value), run on the CPU."""
 
     def __init__(
         self,
@@ -149,27 +185,38 @@ class Lowered:
             None if aval is None else jax.ShapeDtypeStruct(tuple(aval[0]), jax_dtype(aval[1]))
             for aval in avals
         )
+        # Traced once: both lowerings below replay this jaxpr.
+        closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(structs)
+        out_tree = jax.tree.structure(out_shape)
+
+        def replayed(drop_constraints: bool) -> Callable[[Any], Any]:
+            run = jaxpr_rewrite.evaluator(
+                closed, tpu_matmuls=tpu_matmuls, drop_constraints=drop_constraints
+            )
+            return lambda args: jax.tree.unflatten(out_tree, run(jax.tree.leaves(args)))
+
         # keep_unused: every tensor argument is an input of the node, used or not, as in
         # torch_xla's lowering.
-        if tpu_matmuls:
-            flat_fn = jax_numerics.with_tpu_matmuls(flat_fn)
-        lowered = jax.jit(flat_fn, keep_unused=True).lower(structs)
+        lowered = jax.jit(replayed(False), keep_unused=True).lower(structs)
         digest = hashlib.sha256(lowered.as_text().encode()).digest()
         self.key = int.from_bytes(digest[:8], "little")
         self._outputs = [(tuple(o.shape), torch_dtype(o.dtype)) for o in lowered.out_info]
-        self._compiled = lowered.compile()
-        shardings = jax.tree.leaves(
-            (self._compiled.input_shardings, self._compiled.output_shardings)
-        )
-        platforms = {d.platform for sharding in shardings for d in sharding.device_set}
-        if platforms - {"cpu"}:
-            # A mesh of the slice's devices (Mesh.get_jax_mesh): libtpu compiles it, nothing
-            # here can run it.
-            raise NotImplementedError(
-                "xlasim does not run JAX functions placed on the slice's TPU devices (a "
-                "sharding over Mesh.get_jax_mesh(), e.g. mark_sharding under assume_pure); "
-                "JAX computes call_jax on the CPU"
-            )
+        compiled = lowered.compile()
+        self.output_shardings: list[OpSharding | None] = [None] * len(self._outputs)
+        if not _on_cpu(compiled):
+            self.output_shardings = [
+                _op_sharding(sharding, len(shape))
+                for sharding, (shape, _) in zip(
+                    jax.tree.leaves(compiled.output_shardings), self._outputs, strict=True
+                )
+            ]
+            compiled = jax.jit(replayed(True), keep_unused=True).lower(structs).compile()
+            if not _on_cpu(compiled):
+                raise NotImplementedError(
+                    "xlasim does not run this JAX function on the CPU: it stays placed on the "
+                    "slice's TPU devices with its sharding constraints dropped"
+                )
+        self._compiled = compiled
 
     @property
     def outputs(self) -> list[tuple[tuple[int, ...], torch.dtype]]:
