@@ -22,6 +22,7 @@ from xlasim.runtime.compiler import libtpu
 # isort: split
 import jax
 import torch
+from jax import export
 from jax._src.interpreters import mlir
 
 from xlasim.runtime.compiler import aten_to_jax
@@ -36,29 +37,46 @@ class Lowered:
 def lower_graph(
     module: torch.fx.GraphModule,
     fixed: dict[int, Any],
-    inputs: Sequence[tuple[Sequence[int], torch.dtype]],
+    order: Sequence[int],
+    inputs: Sequence[tuple[Sequence[int | str], torch.dtype]],
 ) -> Lowered:
     """``module`` as a StableHLO function of ``inputs`` (shape, dtype), one per placeholder that
-    ``fixed`` (placeholder position -> Python value baked into the program) does not name."""
+    ``fixed`` (placeholder position -> Python value baked into the program) does not name, in
+    the order ``order`` gives (the placeholders' positions).
+
+    A dimension given as a string is dynamic: the expression of export's symbols (``s0``,
+    ``2*s0``) it stands for. Such dimensions are ``?`` in the module's types, and dimensions
+    named by the same symbol are one size (jax's shape polymorphism computes the rest)."""
     with libtpu.wide_integers():
-        return _lower(module, fixed, inputs)
+        return _lower(module, fixed, order, inputs)
 
 
 def _lower(
     module: torch.fx.GraphModule,
     fixed: dict[int, Any],
-    inputs: Sequence[tuple[Sequence[int], torch.dtype]],
+    order: Sequence[int],
+    inputs: Sequence[tuple[Sequence[int | str], torch.dtype]],
 ) -> Lowered:
     run_graph = libtpu.jax_function(module)
     positions = sum(1 for n in module.graph.nodes if n.op == "placeholder")
 
     def program(*arrays: Any) -> list[Any]:
-        given = iter(arrays)
-        values = [fixed[i] if i in fixed else next(given) for i in range(positions)]
+        values = [fixed.get(i) for i in range(positions)]
+        for position, array in zip(order, arrays, strict=True):
+            values[position] = array
         return run_graph(*values)
 
+    scope = export.SymbolicScope()
     avals = [
-        jax.ShapeDtypeStruct(tuple(shape), aten_to_jax.jax_dtype(dtype)) for shape, dtype in inputs
+        jax.ShapeDtypeStruct(_shape(shape, scope), aten_to_jax.jax_dtype(dtype))
+        for shape, dtype in inputs
     ]
     lowered = jax.jit(program).lower(*avals)
     return Lowered(lowered.as_text(), mlir.module_to_bytecode(lowered.compiler_ir("stablehlo")))
+
+
+def _shape(shape: Sequence[int | str], scope: export.SymbolicScope) -> tuple[Any, ...]:
+    if all(isinstance(d, int) for d in shape):
+        return tuple(shape)
+    spec = ", ".join(str(d) for d in shape)
+    return tuple(export.symbolic_shape(spec, scope=scope))
