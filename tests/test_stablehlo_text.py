@@ -84,3 +84,93 @@ def test_without_the_extra_text_names_it(xlasim_sim, tmp_path):
         shlo.get_stablehlo_bytecode()
     with pytest.raises(NotImplementedError, match=r"needs the tpu-compiler extra"):
         shlo.save(tmp_path)
+
+
+def _main_signature(text: str) -> str:
+    """The entry function's line, up to its first result type."""
+    line = next(line for line in text.splitlines() if "@main(" in line)
+    return line[line.index("@main(") : line.index(" {", line.index("->"))]
+
+
+def test_dynamic_dimension_is_unknown_in_the_types(xlasim_sim):
+    need_tpu_compiler()
+    from torch.export import Dim
+    from torch_xla.stablehlo import VariableSignature, exported_program_to_stablehlo
+    from torch_xla.utils.stablehlo_test_utils import wrap_func_as_nn_module
+
+    m = wrap_func_as_nn_module(torch.ops.aten.bmm.default)
+    args = (torch.rand(8, 128, 256), torch.rand(8, 256, 3))
+    ep = torch.export.export(m, args, dynamic_shapes=((None, {2: Dim("dim")}),))
+    shlo = exported_program_to_stablehlo(ep)
+    # Real torch_xla 2.9 on PJRT CPU: the inputs in its trace's order (bmm's second operand
+    # first), the dynamic size as ?, no other input; the signatures keep the example's sizes
+    # and list the dynamic dimension for the input only.
+    assert _main_signature(shlo.get_stablehlo_text()) == (
+        "@main(%arg0: tensor<8x256x?xf32>, %arg1: tensor<8x128x256xf32>) -> (tensor<8x128x?xf32>"
+    )
+    meta = shlo._bundle.stablehlo_funcs[0].meta
+    assert meta.input_signature == [
+        VariableSignature([8, 256, 3], "float32", [2]),
+        VariableSignature([8, 128, 256], "float32", []),
+    ]
+    assert meta.output_signature == [VariableSignature([8, 128, 3], "float32", [])]
+    assert [loc.position for loc in meta.input_locations] == [1, 0]
+    out = shlo(*args)
+    # The simulated TPU multiplies at its default (bf16-pass) precision.
+    assert torch.allclose(out.cpu(), torch.bmm(*args), rtol=1e-2)
+
+
+def test_inputs_in_the_order_torch_xla_traces_them(xlasim_sim):
+    need_tpu_compiler()
+    from torch_xla.stablehlo import exported_program_to_stablehlo
+    from torch_xla.utils.stablehlo_test_utils import wrap_func_as_nn_module
+
+    def signature(op, *args):
+        ep = torch.export.export(wrap_func_as_nn_module(op), args)
+        return _main_signature(exported_program_to_stablehlo(ep).get_stablehlo_text())
+
+    # Real torch_xla 2.9 on PJRT CPU: sub(x, y) takes y first; addmm(bias, x, w) takes the
+    # bias, then w, then x.
+    assert signature(torch.ops.aten.sub.Tensor, torch.rand(2, 3), torch.rand(1, 3)) == (
+        "@main(%arg0: tensor<1x3xf32>, %arg1: tensor<2x3xf32>) -> (tensor<2x3xf32>"
+    )
+    addmm = signature(
+        torch.ops.aten.addmm.default, torch.rand(5), torch.rand(10, 5), torch.rand(5, 5)
+    )
+    assert addmm == (
+        "@main(%arg0: tensor<5xf32>, %arg1: tensor<5x5xf32>, %arg2: tensor<10x5xf32>) -> "
+        "(tensor<10x5xf32>"
+    )
+
+
+class _Scalars(torch.nn.Module):
+    def forward(self, x):
+        return (x - 5) * 2.5 - 1
+
+
+def test_scalars_become_constants_unless_inlined(xlasim_sim):
+    need_tpu_compiler()
+    from torch_xla.stablehlo import (
+        InputLocation,
+        StableHLOExportOptions,
+        exported_program_to_stablehlo,
+    )
+
+    x = torch.arange(4.0).reshape(2, 2)
+    options = StableHLOExportOptions(inline_all_constant=False)
+    shlo = exported_program_to_stablehlo(torch.export.export(_Scalars(), (x,)), options)
+    # Real torch_xla 2.9 on PJRT CPU: 2.5 and 5 are f32 inputs (in its trace's order) kept as
+    # the bundle's constants; 1 stays in the module.
+    text = shlo.get_stablehlo_text()
+    assert _main_signature(text) == (
+        "@main(%arg0: tensor<f32>, %arg1: tensor<f32>, %arg2: tensor<2x2xf32>) -> (tensor<2x2xf32>"
+    )
+    assert "dense<5.000000e+00>" not in text
+    assert [c.tolist() for c in shlo._bundle.additional_constants] == [2.5, 5.0]
+    meta = shlo._bundle.stablehlo_funcs[0].meta
+    assert meta.input_locations == [
+        InputLocation.constant(0),
+        InputLocation.constant(1),
+        InputLocation.input_arg(0),
+    ]
+    assert shlo(x).cpu().tolist() == [[-13.5, -11.0], [-8.5, -6.0]]

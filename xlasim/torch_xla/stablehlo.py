@@ -211,6 +211,16 @@ def _lift_scalars(module: torch.fx.GraphModule) -> dict[int, np.ndarray]:
     return lifted
 
 
+def _ir_operands(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """``node``'s operands in the order of torch_xla's IR node for its op: ``addmm`` takes its
+    two matrices first, then the bias (measured: a Linear layer's program takes the bias first,
+    then the weight, then the input)."""
+    if node.target is torch.ops.aten.addmm.default:
+        bias, mat1, mat2 = node.args[:3]
+        return [a for a in (mat1, mat2, bias) if isinstance(a, torch.fx.Node)]
+    return node.all_input_nodes
+
+
 def _program_order(module: torch.fx.GraphModule, fixed: dict[int, Any]) -> list[int]:
     """The placeholder positions of the program's inputs in torch_xla's order: its trace walks
     the graph depth first from each output in turn, an op's last operand first, and numbers
@@ -232,7 +242,7 @@ def _program_order(module: torch.fx.GraphModule, fixed: dict[int, Any]) -> list[
                 continue
             seen.add(node)
             stack.append((node, True))
-            stack.extend((operand, False) for operand in node.all_input_nodes)
+            stack.extend((operand, False) for operand in _ir_operands(node))
     return order
 
 
@@ -446,12 +456,21 @@ def _symbolic_shape(example: torch.Tensor) -> list[int | str]:
     return [d if isinstance(d, int) else str(d.node.expr) for d in example.shape]
 
 
-def _signature(value: Any) -> VariableSignature:
+def _signature(value: Any, output: bool = False) -> VariableSignature:
+    """torch_xla's signature of an input or output: a dynamic dimension has the example's size
+    and, for an input only, is listed in ``dynamic_dims`` (torch_xla reads outputs off its
+    trace of the example)."""
     if isinstance(value, torch.Tensor):
         dims = [i for i, d in enumerate(value.shape) if not isinstance(d, int)]
-        shape = [d if isinstance(d, int) else -1 for d in value.shape]
-        return VariableSignature(shape, str(value.dtype).removeprefix("torch."), dims)
+        shape = [d if isinstance(d, int) else _example_size(d) for d in value.shape]
+        dtype = str(value.dtype).removeprefix("torch.")
+        return VariableSignature(shape, dtype, [] if output else dims)
     return VariableSignature([], type(value).__name__)
+
+
+def _example_size(size: torch.SymInt) -> int:
+    hint = size.node.hint
+    return int(hint) if hint is not None else -1
 
 
 def _inputs_read(outputs: list[Any]) -> set[torch.fx.Node]:
@@ -536,7 +555,7 @@ def _exported_program_to_stablehlo_bundle(
         inputs[position] = (InputLocation.constant(index), _signature(torch.from_numpy(value)))
     input_locations = [inputs[i][0] for i in program.order]
     input_signature = [inputs[i][1] for i in program.order]
-    output_signature = [_signature(o.meta.get("val")) for o in kept]
+    output_signature = [_signature(o.meta.get("val"), output=True) for o in kept]
     meta = StableHLOFunctionMeta(
         name="forward",
         stablehlo_version="0.0.0",

@@ -24,6 +24,7 @@ import jax
 import torch
 from jax import export
 from jax._src.interpreters import mlir
+from jax._src.lib.mlir import ir
 
 from xlasim.runtime.compiler import aten_to_jax
 
@@ -71,8 +72,16 @@ def _lower(
         jax.ShapeDtypeStruct(_shape(shape, scope), aten_to_jax.jax_dtype(dtype))
         for shape, dtype in inputs
     ]
-    lowered = jax.jit(program).lower(*avals)
-    return Lowered(lowered.as_text(), mlir.module_to_bytecode(lowered.compiler_ir("stablehlo")))
+    if all(isinstance(d, int) for aval in avals for d in aval.shape):
+        lowered = jax.jit(program).lower(*avals)
+        return Lowered(lowered.as_text(), mlir.module_to_bytecode(lowered.compiler_ir("stablehlo")))
+    # Symbolic sizes: jit's lowering would take each one as an extra argument; export's module
+    # takes only the arrays and reads the sizes from their shapes.
+    exported = export.export(jax.jit(program))(*avals)
+    with mlir.make_ir_context():
+        parsed = ir.Module.parse(exported.mlir_module())
+        text = parsed.operation.get_asm(enable_debug_info=False)
+        return Lowered(text, mlir.module_to_bytecode(parsed))
 
 
 def _shape(shape: Sequence[int | str], scope: export.SymbolicScope) -> tuple[Any, ...]:
