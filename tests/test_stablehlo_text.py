@@ -174,3 +174,45 @@ def test_scalars_become_constants_unless_inlined(xlasim_sim):
         InputLocation.input_arg(0),
     ]
     assert shlo(x).cpu().tolist() == [[-13.5, -11.0], [-8.5, -6.0]]
+
+
+def test_allowed_custom_ops_become_custom_calls(xlasim_sim):
+    need_tpu_compiler()
+    from torch_xla.stablehlo import StableHLOExportOptions, exported_program_to_stablehlo
+
+    lib = torch.library.Library("xlasim_test_custom", "FRAGMENT")  # noqa: TOR901
+    lib.define("pair(Tensor a, Tensor b) -> (Tensor, Tensor)")
+    lib.impl("pair", lambda a, b: (torch.empty_like(a), b.new_empty(b.shape[1:])), "Meta")
+
+    class Pair(torch.nn.Module):
+        def forward(self, a, b):
+            return torch.ops.xlasim_test_custom.pair(torch.sin(a), b)
+
+    args = (torch.rand(3, 3), torch.rand(5, 5))
+    options = StableHLOExportOptions(custom_ops_allowed_in_graph={"xlasim_test_custom"})
+    shlo = exported_program_to_stablehlo(torch.export.export(Pair(), args), options)
+    text = shlo.get_stablehlo_text()
+    # Real torch_xla 2.9 on PJRT CPU writes the op as this custom call (plus an xla_shape
+    # attribute), its two results as one tuple, unpacked by get_tuple_element.
+    assert (
+        "stablehlo.custom_call @xlasim_test_custom.pair.default(%0, %arg0) "
+        '{api_version = 0 : i32, backend_config = ""} : (tensor<3x3xf32>, tensor<5x5xf32>) '
+        "-> tuple<tensor<3x3xf32>, tensor<5xf32>>"
+    ) in text
+    assert text.count("stablehlo.get_tuple_element") == 2
+    # The call has no kernel to run (real torch_xla fails there too, on the unknown target).
+    with pytest.raises(NotImplementedError, match="custom call xlasim_test_custom.pair"):
+        shlo(*args)
+
+
+def test_placement_ops_keep_values_and_gradients(xlasim_sim):
+    import torch_xla
+    from torch_xla.experimental.stablehlo_custom_call import place_to_device, place_to_host
+
+    # As on real torch_xla 2.9 (upstream test_stablehlo_custom_call): the annotations leave
+    # the value, and the gradient flows through them.
+    a = torch.arange(4.0, device=torch_xla.device(), requires_grad=True)
+    out = place_to_device(place_to_host(a))
+    (out * 2).sum().backward()
+    assert out.detach().cpu().tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert a.grad.cpu().tolist() == [2.0, 2.0, 2.0, 2.0]

@@ -165,6 +165,8 @@ class _Program:
     fixed: dict[int, Any]
     lower_text: bool
     inline_all_constant: bool = True
+    # Namespaces of the ops written as custom calls (custom_ops_allowed_in_graph).
+    custom_namespaces: frozenset[str] = frozenset()
     module: torch.fx.GraphModule = field(init=False)
     lifted: dict[int, np.ndarray] = field(init=False)
     order: list[int] = field(init=False)
@@ -276,6 +278,25 @@ class XLAExportInterpreter(torch.fx.Interpreter):
         self.custom_ops_allowed_in_graph = custom_ops_allowed_in_graph or set()
         self.gm_serializer = gm_serializer
         self.tensor_id_to_dynamic_dims: dict[int, list[int]] = {}
+        # Set while checking the program can be captured: a custom call's results are then
+        # empty tensors of its shapes (that trace is dropped, never read).
+        self.stand_in_custom_calls = False
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        target = n.target
+        namespace = getattr(target, "namespace", None)
+        if n.op == "call_function" and namespace in self.custom_ops_allowed_in_graph:
+            if not self.stand_in_custom_calls:
+                raise NotImplementedError(
+                    f"xlasim: running the custom call {target} (an op of "
+                    "custom_ops_allowed_in_graph, a stablehlo.custom_call in the program) is "
+                    "not simulated: its kernel is the backend's"
+                )
+            value = n.meta["val"]
+            values = [value] if isinstance(value, torch.Tensor) else list(value)
+            empty = [torch.empty(v.shape, dtype=v.dtype, device=self._device) for v in values]
+            return empty[0] if isinstance(value, torch.Tensor) else tuple(empty)
+        return super().run_node(n)
 
     def call_function(self, target: Any, args: Any, kwargs: dict[str, Any]) -> Any:
         kwargs = dict(kwargs)
@@ -300,7 +321,7 @@ def _on_device(value: Any, device: torch.device) -> Any:
     return value
 
 
-def _trace(program: _Program, call_args: list[Any]) -> list[Any]:
+def _trace(program: _Program, call_args: list[Any], stand_ins: bool = False) -> list[Any]:
     """The program's outputs, pending on the device."""
     device = torch_xla.device()
     placeholders = sum(1 for n in program.module.graph.nodes if n.op == "placeholder")
@@ -308,9 +329,9 @@ def _trace(program: _Program, call_args: list[Any]) -> list[Any]:
     for position, arg in zip(program.order, call_args, strict=True):
         values[position] = _on_device(arg, device)
     with torch.no_grad():
-        outputs = XLAExportInterpreter(program.module, device).run(
-            *values, enable_io_processing=False
-        )
+        interpreter = XLAExportInterpreter(program.module, device, set(program.custom_namespaces))
+        interpreter.stand_in_custom_calls = stand_ins
+        outputs = interpreter.run(*values, enable_io_processing=False)
     return list(outputs)
 
 
@@ -396,6 +417,7 @@ class StableHLOGraphModule:
                     {
                         "fixed": {str(k): v for k, v in program.fixed.items()},
                         "inline_all_constant": program.inline_all_constant,
+                        "custom_ops_allowed_in_graph": sorted(program.custom_namespaces),
                     },
                     f,
                 )
@@ -415,6 +437,7 @@ class StableHLOGraphModule:
                     fixed,
                     func.text is not None,
                     saved["inline_all_constant"],
+                    frozenset(saved["custom_ops_allowed_in_graph"]),
                 )
         return module
 
@@ -431,7 +454,9 @@ def _lower(program: _Program) -> tuple[bytes, str]:
     placeholders = [n for n in program.module.graph.nodes if n.op == "placeholder"]
     examples = [placeholders[i].meta["val"] for i in program.order]
     inputs = [(_symbolic_shape(example), example.dtype) for example in examples]
-    lowered = lowering.lower_graph(program.module, program.fixed, program.order, inputs)
+    lowered = lowering.lower_graph(
+        program.module, program.fixed, program.order, inputs, program.custom_namespaces
+    )
     return lowered.bytecode, lowered.text
 
 
@@ -495,11 +520,6 @@ def _exported_program_to_stablehlo_bundle(
     exported_model = _run_decompositions(exported_model)
     if options is None:
         options = StableHLOExportOptions()
-    if options.custom_ops_allowed_in_graph:
-        raise NotImplementedError(
-            "xlasim: StableHLOExportOptions.custom_ops_allowed_in_graph (ops exported as "
-            "stablehlo.custom_call) is not simulated"
-        )
     if options.export_node_metadata:
         raise NotImplementedError(
             "xlasim: StableHLOExportOptions.export_node_metadata is not simulated"
@@ -548,6 +568,7 @@ def _exported_program_to_stablehlo_bundle(
         fixed,
         options.include_human_readable_text,
         options.inline_all_constant,
+        frozenset(options.custom_ops_allowed_in_graph),
     )
     constants = [program.lifted[i] for i in program.order if i in program.lifted]
     for index, position in enumerate(i for i in program.order if i in program.lifted):
@@ -593,7 +614,7 @@ def _check_capturable(
     torch_xla.sync()
     xm.wait_device_ops()
     metrics.clear_counters()
-    outputs = _trace(program, call_args)
+    outputs = _trace(program, call_args, stand_ins=True)
     del outputs
     fallback_ops = metrics.executed_fallback_ops()
     if fallback_ops:

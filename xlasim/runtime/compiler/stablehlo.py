@@ -10,6 +10,7 @@ constant folding and the module's name differ); an op with no lowering raises
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +27,7 @@ from jax import export
 from jax._src.interpreters import mlir
 from jax._src.lib.mlir import ir
 
-from xlasim.runtime.compiler import aten_to_jax
+from xlasim.runtime.compiler import aten_to_jax, custom_call
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ def lower_graph(
     fixed: dict[int, Any],
     order: Sequence[int],
     inputs: Sequence[tuple[Sequence[int | str], torch.dtype]],
+    custom_namespaces: frozenset[str] = frozenset(),
 ) -> Lowered:
     """``module`` as a StableHLO function of ``inputs`` (shape, dtype), one per placeholder that
     ``fixed`` (placeholder position -> Python value baked into the program) does not name, in
@@ -47,9 +49,24 @@ def lower_graph(
 
     A dimension given as a string is dynamic: the expression of export's symbols (``s0``,
     ``2*s0``) it stands for. Such dimensions are ``?`` in the module's types, and dimensions
-    named by the same symbol are one size (jax's shape polymorphism computes the rest)."""
+    named by the same symbol are one size (jax's shape polymorphism computes the rest).
+
+    The ops of the namespaces in ``custom_namespaces`` are written as custom calls."""
+    if custom_namespaces:
+        module = _with_custom_calls(module, custom_namespaces)
     with libtpu.wide_integers():
         return _lower(module, fixed, order, inputs)
+
+
+def _with_custom_calls(
+    module: torch.fx.GraphModule, namespaces: frozenset[str]
+) -> torch.fx.GraphModule:
+    graph = copy.deepcopy(module.graph)
+    for node in graph.nodes:
+        target = node.target
+        if isinstance(target, torch._ops.OpOverload) and target.namespace in namespaces:
+            node.target = custom_call.custom_call_of(node)
+    return torch.fx.GraphModule(module, graph)
 
 
 def _lower(

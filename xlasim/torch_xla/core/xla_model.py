@@ -871,6 +871,22 @@ def get_memory_info(device: torch.device | None = None) -> MemoryInfo:
     return _memory.device_memory_info(torch.device(device))  # type: ignore[return-value]
 
 
+def _pending_stablehlo() -> NotImplementedError:
+    return NotImplementedError(
+        "xlasim: the StableHLO of pending tensors (xm.get_stablehlo, "
+        "xm.get_stablehlo_bytecode) is not simulated; torch_xla.stablehlo's "
+        "exported_program_to_stablehlo lowers a torch.export program instead"
+    )
+
+
+def get_stablehlo(tensors: list[torch.Tensor] | None = None) -> str:
+    raise _pending_stablehlo()
+
+
+def get_stablehlo_bytecode(tensors: list[torch.Tensor] | None = None) -> bytes:
+    raise _pending_stablehlo()
+
+
 def optimization_barrier_(tensors: list[torch.Tensor]) -> None:
     """The barrier is an IR node over the tensors (simulated graphs are never fused across
     it, so it changes no value)."""
