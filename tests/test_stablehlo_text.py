@@ -216,3 +216,41 @@ def test_placement_ops_keep_values_and_gradients(xlasim_sim):
     (out * 2).sum().backward()
     assert out.detach().cpu().tolist() == [0.0, 1.0, 2.0, 3.0]
     assert a.grad.cpu().tolist() == [2.0, 2.0, 2.0, 2.0]
+
+
+class _Patterns(torch.nn.Module):
+    def forward(self, x, y):
+        from torch_xla.experimental.mark_pattern_utils import StableHLOCompositeBuilder
+
+        first = StableHLOCompositeBuilder("test.sdpa", {"scale": 0.25, "n": 2, "l": [1.5, 2.0]})
+        q, k, v = first.mark_inputs(*x.split(2, dim=-2))
+        out = first.mark_outputs(torch.nn.functional.scaled_dot_product_attention(q, k, v))
+        second = StableHLOCompositeBuilder("test.sdpa", {"scale": 2})
+        a, b = second.mark_inputs(y, out)
+        return out, second.mark_outputs(a * b + 1)
+
+
+def test_marked_patterns_become_composites(xlasim_sim):
+    need_tpu_compiler()
+    from torch_xla.stablehlo import exported_program_to_stablehlo
+
+    args = (torch.rand(1, 2, 6, 4), torch.rand(1, 2, 2, 4))
+    shlo = exported_program_to_stablehlo(torch.export.export(_Patterns(), args))
+    text = shlo.get_stablehlo_text()
+    # Real torch_xla 2.9 on PJRT CPU writes these two lines for this program (floats as f32,
+    # a list as a dense tensor, the bodies @test.sdpa.impl and @test.sdpa.impl_0).
+    assert (
+        '= stablehlo.composite "test.sdpa" %0, %1, %2 {composite_attributes = {l = dense<'
+        "[1.500000e+00, 2.000000e+00]> : tensor<2xf32>, n = 2 : i64, scale = 2.500000e-01 : "
+        "f32}, decomposition = @test.sdpa.impl} : (tensor<1x2x2x4xf32>, tensor<1x2x2x4xf32>, "
+        "tensor<1x2x2x4xf32>) -> tensor<1x2x2x4xf32>"
+    ) in text
+    assert (
+        '= stablehlo.composite "test.sdpa" %arg1, %3 {composite_attributes = {scale = 2 : i64},'
+        " decomposition = @test.sdpa.impl_0}"
+    ) in text
+    assert "func.func private @test.sdpa.impl_0(" in text
+    # The marks leave the values: the program computes the model.
+    out, second = shlo(*args)
+    expected, expected_second = _Patterns()(*args)
+    assert torch.allclose(second.cpu(), expected_second, atol=1e-2)

@@ -27,7 +27,7 @@ from jax import export
 from jax._src.interpreters import mlir
 from jax._src.lib.mlir import ir
 
-from xlasim.runtime.compiler import aten_to_jax, custom_call
+from xlasim.runtime.compiler import aten_to_jax, composite, custom_call
 
 
 @dataclass(frozen=True)
@@ -51,9 +51,11 @@ def lower_graph(
     ``2*s0``) it stands for. Such dimensions are ``?`` in the module's types, and dimensions
     named by the same symbol are one size (jax's shape polymorphism computes the rest).
 
-    The ops of the namespaces in ``custom_namespaces`` are written as custom calls."""
+    The ops of the namespaces in ``custom_namespaces`` are written as custom calls, and pattern
+    instances marked with ``xla::mark_tensor`` as composites."""
     if custom_namespaces:
         module = _with_custom_calls(module, custom_namespaces)
+    module = composite.with_composites(module)
     with libtpu.wide_integers():
         return _lower(module, fixed, order, inputs)
 
@@ -90,15 +92,16 @@ def _lower(
         for shape, dtype in inputs
     ]
     if all(isinstance(d, int) for aval in avals for d in aval.shape):
-        lowered = jax.jit(program).lower(*avals)
-        return Lowered(lowered.as_text(), mlir.module_to_bytecode(lowered.compiler_ir("stablehlo")))
-    # Symbolic sizes: jit's lowering would take each one as an extra argument; export's module
-    # takes only the arrays and reads the sizes from their shapes.
-    exported = export.export(jax.jit(program))(*avals)
+        text = jax.jit(program).lower(*avals).as_text()
+    else:
+        # Symbolic sizes: jit's lowering would take each one as an extra argument; export's
+        # module takes only the arrays and reads the sizes from their shapes.
+        text = export.export(jax.jit(program))(*avals).mlir_module()
     with mlir.make_ir_context():
-        parsed = ir.Module.parse(exported.mlir_module())
-        text = parsed.operation.get_asm(enable_debug_info=False)
-        return Lowered(text, mlir.module_to_bytecode(parsed))
+        parsed = ir.Module.parse(composite.torch_xla_names(text))
+        return Lowered(
+            parsed.operation.get_asm(enable_debug_info=False), mlir.module_to_bytecode(parsed)
+        )
 
 
 def _shape(shape: Sequence[int | str], scope: export.SymbolicScope) -> tuple[Any, ...]:
