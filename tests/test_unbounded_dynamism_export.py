@@ -72,3 +72,20 @@ def test_norm_arithmetic_matches_torch(xlasim_sim):
     lw, lb = torch.rand(5), torch.rand(5)
     expected = torch.nn.functional.layer_norm(x, [5], lw, lb, eps=1e-5)
     assert torch.allclose(ude.native_layer_norm_impl(x, [5], lw, lb, 1e-5), expected, atol=1e-5)
+
+
+def test_all_passes_keep_the_program(xlasim_sim):
+    from torch_xla.experimental import unbounded_dynamism_export as ude
+
+    def fn(x):
+        return x[:, 1].unsqueeze(1).reshape(x.shape[0], -1)
+
+    args = (torch.rand(4, 3, 5),)
+    ep = _export(fn, args, (({0: Dim("bs")},),))
+    assert ude.exported_program_has_symbolic_input_shape(ep)
+    before = ep.module()(*args)
+    ude.process_exported_program_with_symbolic_input(ep)
+    assert "aten.select" not in ep.graph_module.code
+    assert "aten.unsqueeze" not in ep.graph_module.code
+    assert "xla.dynamic_view" in ep.graph_module.code
+    assert torch.equal(ep.module()(*args), before)

@@ -431,13 +431,15 @@ class StableHLOGraphModule:
             if os.path.exists(path):
                 with open(path + ".fixed") as f:
                     saved = json.load(f)
+                if "fixed" not in saved:  # saved before the export options were kept
+                    saved = {"fixed": saved}
                 fixed = {int(k): v for k, v in saved["fixed"].items()}
                 module._programs[func.meta.name] = _Program(
                     torch.export.load(path),
                     fixed,
                     func.text is not None,
-                    saved["inline_all_constant"],
-                    frozenset(saved["custom_ops_allowed_in_graph"]),
+                    saved.get("inline_all_constant", True),
+                    frozenset(saved.get("custom_ops_allowed_in_graph", ())),
                 )
         return module
 

@@ -115,6 +115,8 @@ def _decomposition(body: torch.fx.GraphModule) -> Any:
 def with_composites(module: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """``module`` with each marked pattern instance as one call of a jax composite, and every
     other mark as the value it marks."""
+    if not any(_is_mark(n) for n in module.graph.nodes):
+        return module
     module = torch.fx.GraphModule(module, copy.deepcopy(module.graph))
     graph = module.graph
     for instance in _instances(graph):

@@ -319,24 +319,24 @@ def exported_program_has_symbolic_input_shape(ep: torch.export.ExportedProgram) 
     return False
 
 
-# The passes in the order one graph goes through them (views made by the earlier ones become
-# dynamic views in the last).
-_PASSES = (
-    decompose_dynamic_shape_select,
-    decompose_split_with_sizes,
-    remove_no_op_slice,
-    decompose_dynamic_native_group_norm,
+# First the ops without a dynamic lowering become ones with it (the norms as arithmetic, the
+# rest as slices and views); then the views and expands with a symbolic size become
+# torch_xla's dynamic ops.
+_DECOMPOSITIONS = (
     decompose_dynamic_native_layer_norm,
+    decompose_dynamic_native_group_norm,
+    decompose_split_with_sizes,
+    decompose_dynamic_shape_select,
     dynamic_unsqueeze_to_view,
     flatten_embedding_indices_tensor,
-    replace_dynamic_expand_with_xla_op,
-    replace_dynamic_view_with_xla_op,
+    remove_no_op_slice,
 )
+_TO_DYNAMIC_OPS = (replace_dynamic_expand_with_xla_op, replace_dynamic_view_with_xla_op)
 
 
 def process_exported_program_with_symbolic_input(ep: torch.export.ExportedProgram) -> None:
     module = ep.graph_module
-    for rewrite in _PASSES:
+    for rewrite in (*_DECOMPOSITIONS, *_TO_DYNAMIC_OPS):
         rewrite(module)
         module.graph.eliminate_dead_code()
         module.graph.lint()
