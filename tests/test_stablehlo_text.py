@@ -5,6 +5,7 @@ for them raises NotImplementedError naming it while exporting and running still 
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 import torch
@@ -254,3 +255,31 @@ def test_marked_patterns_become_composites(xlasim_sim):
     out, second = shlo(*args)
     expected, expected_second = _Patterns()(*args)
     assert torch.allclose(second.cpu(), expected_second, atol=1e-2)
+
+
+def test_stablehlo_of_pending_tensors(xlasim_sim):
+    need_tpu_compiler()
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+    import torch_xla.experimental.xla_marker  # noqa: F401 - defines xla::mark_tensor
+
+    dev = torch_xla.device()
+    a, b = torch.rand(10, 1).to(dev), torch.rand(1, 5).to(dev)
+    text = xm.get_stablehlo([a * b])
+    # Real torch_xla 2.9 on PJRT CPU: the inputs in its trace's order (the second operand
+    # first), both broadcast to the product's shape.
+    assert _main_signature(text) == (
+        "@main(%arg0: tensor<1x5xf32>, %arg1: tensor<10x1xf32>) -> (tensor<10x5xf32>"
+    )
+    assert re.search(r"stablehlo.multiply.* : tensor<10x5xf32>", text)
+
+    x = torch.rand(5).to(dev)
+    y = torch.ops.xla.mark_tensor(x + 1, "test.p", 0, "0", True)
+    y = torch.ops.xla.mark_tensor(y * y, "test.p", 0, "0", False, attr=(("k", 1.5),))
+    text = xm.get_stablehlo([y])
+    # As real torch_xla 2.9 writes the marked pattern (its body @test.p.impl).
+    assert (
+        'stablehlo.composite "test.p" %1 {composite_attributes = {k = 1.500000e+00 : f32}, '
+        "decomposition = @test.p.impl} : (tensor<5xf32>) -> tensor<5xf32>"
+    ) in text
+    assert xm.get_stablehlo_bytecode([y]).startswith(_MLIR_BYTECODE_MAGIC)
