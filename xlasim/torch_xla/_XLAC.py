@@ -1044,5 +1044,19 @@ def _xla_dot_general(
     return torch.bmm(a, b).reshape(shape).to(out_dtype)
 
 
+def _xla_cast_int4(weight: Any, int4_values: Sequence[int]) -> torch.Tensor:
+    """``weight`` reinterpreted as int4: torch_xla makes an s4 constant of ``int4_values``
+    (``weight``'s values, flattened) and hands it back as an int8 tensor of ``weight``'s
+    shape. The simulated device keeps the values in int8, which holds every int4 value."""
+    t = xla_tensor(weight)
+    values = [int(v) for v in int4_values]
+    if any(v < -8 or v > 7 for v in values):
+        raise NotImplementedError(
+            "xlasim does not simulate _xla_cast_int4 of values outside int4's range [-8, 7]"
+        )
+    host = torch.tensor(values, dtype=torch.int8).reshape(t.shape)
+    return host.to(t.device)
+
+
 def __getattr__(name: str) -> Any:
     raise UnsimulatedAttribute(f"xlasim does not simulate torch_xla._XLAC.{name}")
