@@ -85,7 +85,7 @@ def compile(
         _XLAC._set_use_eager_mode(False)
         if name is not None:
             _XLAC._set_current_graph_name(f"{name}_clear_pending")
-        sync()  # what was pending before the call is not part of the compiled graph
+        _clear_pending_ops_before_compile()
         if name is not None:
             _XLAC._set_current_graph_name(name)
         _XLAC._set_allow_execution(not full_graph)
@@ -98,6 +98,12 @@ def compile(
             _XLAC._set_current_graph_name(saved[2])
 
     return _compile() if f is None else _compile()(f)
+
+
+def _clear_pending_ops_before_compile() -> None:
+    # What was pending before the call is not part of the compiled graph. The name is torch_xla's:
+    # PT_XLA_DEBUG tells this sync from the compiled function's own by it.
+    sync()
 
 
 def manual_seed(seed: int, device: Any = None) -> None:
