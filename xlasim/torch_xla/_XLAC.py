@@ -21,6 +21,7 @@ import torch
 from xlasim.runtime import (
     buffer_donation,
     graph_inputs,
+    graph_limit,
     ir_scopes,
     ir_text,
     manual,
@@ -1056,6 +1057,26 @@ def _xla_cast_int4(weight: Any, int4_values: Sequence[int]) -> torch.Tensor:
         )
     host = torch.tensor(values, dtype=torch.int8).reshape(t.shape)
     return host.to(t.device)
+
+
+def _dynamic_shape_detector_start_session(session_id: str) -> None:
+    graph_limit.start_session(session_id)
+
+
+def _dynamic_shape_detector_end_session() -> None:
+    graph_limit.end_session()
+
+
+def _dynamic_shape_detector_remove_session(session_id: str) -> None:
+    graph_limit.remove_session(session_id)
+
+
+def _dynamic_shape_detector_set_max_different_graphs(max_different_graphs: int) -> None:
+    graph_limit.set_max_different_graphs(max_different_graphs)
+
+
+def _dynamic_shape_detector_get_max_different_graphs() -> int:
+    return graph_limit.max_different_graphs()
 
 
 def __getattr__(name: str) -> Any:
