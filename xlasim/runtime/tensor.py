@@ -994,6 +994,12 @@ def add_optimization_barrier(tensors: list[XlaSimTensor]) -> None:
             t.shape,
         )
         rt.graphs.pending.append(weakref.ref(t))
+    if _graph.EAGER_SEEN and rt.graphs.use_eager_mode:
+        # eager mode runs the barrier at once, a graph per tensor as each gets its new value
+        # (measured on torch_xla 2.9: two tensors, two EagerOpCompileTime samples, and two
+        # more EagerOpExecuteTime ones but no compile when the barrier is repeated)
+        for t in tensors:
+            _run_eagerly(rt.graphs, t)
 
 
 _no_functionalization = False
