@@ -241,3 +241,63 @@ def _on_device(op_name: str) -> Callable[..., Tensor]:
 for _name in ("dynamo_mark_sharding", "dynamo_set_buffer_donor_"):
     # Without a rule the op would reach its kernel with the tensors' CPU values.
     torch.library.register_torch_dispatch(f"xla::{_name}", XlaSimTensor, _on_device(_name))
+
+
+# --- xla::quantized_matmul (torch_xla.experimental.xla_quantized_matmul) -------------------
+# torch_xla defines the op when that module is imported; a library op is defined once per
+# process, so it is defined here with torch_xla's schema and the module installs its kernels:
+# the host one (CompositeExplicitAutograd: CPU tensors, and fake tensors when dynamo traces)
+# and the device one.
+_XLA_LIB.define(
+    "quantized_matmul(Tensor x, Tensor w, Tensor scale, Tensor? zero_point=None, "
+    "int? block_size=-1, bool? int4_weight=False, bool? quantize_activation=False) -> Tensor"
+)
+
+_host_kernels: dict[str, Callable[..., Tensor]] = {}
+
+
+def set_host_kernel(op_name: str, kernel: Callable[..., Tensor]) -> None:
+    """``kernel`` runs ``xla::<op_name>`` on tensors that are not simulated device tensors."""
+    _host_kernels[op_name] = kernel
+
+
+def _on_host(op_name: str, module: str) -> Callable[..., Tensor]:
+    def run(*args: Any, **kwargs: Any) -> Tensor:
+        kernel = _host_kernels.get(op_name)
+        if kernel is None:
+            raise RuntimeError(f"xla::{op_name} needs the simulated {module}: import it")
+        return kernel(*args, **kwargs)
+
+    return run
+
+
+_XLA_LIB.impl(
+    "quantized_matmul",
+    _on_host("quantized_matmul", "torch_xla.experimental.xla_quantized_matmul"),
+    "CompositeExplicitAutograd",
+)
+
+
+def _device_entry(op_name: str) -> Callable[..., Tensor]:
+    host = _on_host(op_name, "torch_xla.experimental.xla_quantized_matmul")
+
+    def run(*args: Any, **kwargs: Any) -> Tensor:
+        if not isinstance(args[0], XlaSimTensor):
+            # dynamo's fake device tensors: torch_xla computes their shapes with the
+            # composite (host) kernel
+            return host(*args, **kwargs)
+        kernel = _device_kernels.get(op_name)
+        if kernel is None:
+            raise RuntimeError(
+                f"xla::{op_name} needs the simulated torch_xla.experimental.xla_quantized_matmul: "
+                "import it"
+            )
+        return kernel(*args, **kwargs)
+
+    return run
+
+
+# Device tensors take the kernel at their autograd key, where composite ops (linear, einsum)
+# still decompose into the products torch_xla lowers them to, as in the caller's own code;
+# below it (a torch_dispatch rule) they would reach the simulated tensors whole.
+_XLA_LIB.impl("quantized_matmul", _device_entry("quantized_matmul"), "AutogradXLA")
