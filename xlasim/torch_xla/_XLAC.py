@@ -515,8 +515,14 @@ def _get_base_seed_as_tensor(device: str) -> torch.Tensor:
     return torch.tensor(_rt().rng_seed, dtype=torch.int64, device=device)
 
 
+def _init_xla_lazy_backend() -> None:
+    """Registers torch_xla's kernels with PyTorch; they were registered when torch_xla was
+    imported, and torch_xla does it once per process, so this changes nothing (nor the
+    ``RegisterXLAFunctions`` counter)."""
+
+
 def _get_xla_tensors_text(tensors: Sequence[Any]) -> str:
-    return ir_text.tensors_text([xla_tensor(t) for t in tensors])
+    return ir_text.tensors_text([xla_tensor(t) for t in tensors], _rt().float_storage)
 
 
 def _clear_pending_irs(device: str) -> None:
