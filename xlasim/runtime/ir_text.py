@@ -8,8 +8,8 @@ elementwise add, sub, mul and div of tensors of one dtype, ``pow`` of a floating
 Python number (the number a ``prim::Constant()`` of the tensor's type, whatever its value) and
 ``floor_divide`` of floating tensors (an ``aten::div`` node, then an ``aten::floor`` one); any
 other op, or a Python number among other ops' operands, raises NotImplementedError instead of
-inventing text. Under ``XLA_USE_BF16``/``XLA_DOWNCAST_BF16`` a value shows the type the device
-stores it in.
+inventing text. Under ``XLA_USE_BF16``/``XLA_DOWNCAST_BF16``/``XLA_USE_32BIT_LONG`` a value
+shows the type the device stores it in.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from xlasim.runtime import legacy_bf16
+from xlasim.runtime import legacy_bf16, legacy_long
 from xlasim.runtime.errors import xla_type
 from xlasim.runtime.graph import Node
 from xlasim.runtime.tensor import XlaSimTensor, device_data_key
@@ -44,13 +44,15 @@ def _unwritten(op: Any) -> NotImplementedError:
 
 
 class _Printer:
-    def __init__(self, float_storage: str | None = None) -> None:
+    def __init__(self, float_storage: str | None, long_storage: bool | None) -> None:
         self.lines: list[str] = []
         self.ids: dict[int, tuple[int, torch.dtype]] = {}  # id(IR value) -> (number, dtype)
         self.storage = float_storage or legacy_bf16.OFF
+        self.long_storage = long_storage
 
     def _shape(self, dtype: torch.dtype, dims: tuple[int, ...]) -> str:
-        return _shape(legacy_bf16.stored_dtype(dtype, self.storage), dims)
+        stored = legacy_bf16.stored_dtype(dtype, self.storage)
+        return _shape(legacy_long.stored_dtype(stored, self.long_storage), dims)
 
     def _emit(self, key: int, dtype: torch.dtype, shape: str, text: str) -> int:
         number = len(self.lines)
@@ -126,9 +128,14 @@ class _Printer:
         return self._emit(id(item), dtype, shape, f"{name}({args})"), dtype
 
 
-def tensors_text(tensors: list[XlaSimTensor], float_storage: str | None = None) -> str:
-    """The text; ``float_storage`` is the runtime's legacy bfloat16 mode (None: off)."""
-    printer = _Printer(float_storage)
+def tensors_text(
+    tensors: list[XlaSimTensor],
+    float_storage: str | None = None,
+    long_storage: bool | None = None,
+) -> str:
+    """The text; ``float_storage`` and ``long_storage`` are the runtime's legacy bfloat16
+    and 32-bit long modes (None: off)."""
+    printer = _Printer(float_storage, long_storage)
     roots: list[int] = []
     for t in tensors:
         item = t._node if t._node is not None else device_data_key(t)

@@ -522,7 +522,8 @@ def _init_xla_lazy_backend() -> None:
 
 
 def _get_xla_tensors_text(tensors: Sequence[Any]) -> str:
-    return ir_text.tensors_text([xla_tensor(t) for t in tensors], _rt().float_storage)
+    rt = _rt()
+    return ir_text.tensors_text([xla_tensor(t) for t in tensors], rt.float_storage, rt.long_storage)
 
 
 def _clear_pending_irs(device: str) -> None:
@@ -979,6 +980,8 @@ def _get_xla_tensors_hlo(tensors: Sequence[Any]) -> str:
 
 
 def _get_xla_tensor_debug_info(t: Any) -> str:
+    if isinstance(t, torch.Tensor) and t.device.type != "xla":
+        return "Not a XLATensor\n"  # torch_xla 2.9's answer for a tensor of another device
     return tensor_debug_info(_rt(), xla_tensor(t))
 
 
