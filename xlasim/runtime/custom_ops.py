@@ -18,6 +18,8 @@ from torch.library import custom_op
 from xlasim.runtime.numerics import bilinear
 from xlasim.runtime.tensor import XlaSimTensor
 
+aten = torch.ops.aten
+
 # Linear as einsum keeps the batch dims unflattened, so their shardings propagate.
 _LINEAR = "...n,mn->...m"
 _LINEAR_GRAD_INPUT = "...m,mn->...n"
@@ -141,6 +143,63 @@ def _(
     return _linear_grads(grad_output, x, weight, bias, wants, multiply=_shapes_only)
 
 
+# torch_xla's max pooling ops (its C++ autograd ops; torchax lowers the xla:: ops it finds, and
+# looks them up starting with this one). Schemas as torch_xla 2.9 registers them.
+@custom_op(
+    "xla::max_pool2d_forward",
+    schema="(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, "
+    "int[2] dilation=1, bool ceil_mode=False) -> Tensor",
+    mutates_args=(),
+)
+def max_pool2d_forward(
+    x: Tensor,
+    kernel_size: list[int],
+    stride: Any = (),
+    padding: Any = 0,
+    dilation: Any = 1,
+    ceil_mode: bool = False,
+) -> Tensor:
+    return aten.max_pool2d_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode)[0]
+
+
+@max_pool2d_forward.register_fake
+def _(
+    x: Tensor,
+    kernel_size: list[int],
+    stride: Any = (),
+    padding: Any = 0,
+    dilation: Any = 1,
+    ceil_mode: bool = False,
+) -> Tensor:
+    return aten.max_pool2d_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode)[0]
+
+
+def _max_pool2d_backward(
+    grad_output: Tensor,
+    x: Tensor,
+    kernel_size: list[int],
+    stride: Any = (),
+    padding: Any = 0,
+    ceil_mode: bool = False,
+) -> Tensor:
+    # The schema has no dilation: torch_xla's backward is of an undilated pool.
+    dilation = [1, 1]
+    _, indices = aten.max_pool2d_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode)
+    return aten.max_pool2d_with_indices_backward(
+        grad_output, x, kernel_size, stride, padding, dilation, ceil_mode, indices
+    )
+
+
+max_pool2d_backward = custom_op(
+    "xla::max_pool2d_backward",
+    _max_pool2d_backward,
+    schema="(Tensor grad_output, Tensor self, int[2] kernel_size, int[2] stride=[], "
+    "int[2] padding=0, bool ceil_mode=False) -> Tensor",
+    mutates_args=(),
+)
+max_pool2d_backward.register_fake(_max_pool2d_backward)
+
+
 # The ops torch_xla registers for code compiled by dynamo, with torch_xla's schemas (its own
 # typo in ``should_donoate`` included: callers may pass it by name).  Their kernel for any
 # tensor that is not on the device hands the input back; the simulated tensors' rules are
@@ -182,3 +241,63 @@ def _on_device(op_name: str) -> Callable[..., Tensor]:
 for _name in ("dynamo_mark_sharding", "dynamo_set_buffer_donor_"):
     # Without a rule the op would reach its kernel with the tensors' CPU values.
     torch.library.register_torch_dispatch(f"xla::{_name}", XlaSimTensor, _on_device(_name))
+
+
+# --- xla::quantized_matmul (torch_xla.experimental.xla_quantized_matmul) -------------------
+# torch_xla defines the op when that module is imported; a library op is defined once per
+# process, so it is defined here with torch_xla's schema and the module installs its kernels:
+# the host one (CompositeExplicitAutograd: CPU tensors, and fake tensors when dynamo traces)
+# and the device one.
+_XLA_LIB.define(
+    "quantized_matmul(Tensor x, Tensor w, Tensor scale, Tensor? zero_point=None, "
+    "int? block_size=-1, bool? int4_weight=False, bool? quantize_activation=False) -> Tensor"
+)
+
+_host_kernels: dict[str, Callable[..., Tensor]] = {}
+
+
+def set_host_kernel(op_name: str, kernel: Callable[..., Tensor]) -> None:
+    """``kernel`` runs ``xla::<op_name>`` on tensors that are not simulated device tensors."""
+    _host_kernels[op_name] = kernel
+
+
+def _on_host(op_name: str, module: str) -> Callable[..., Tensor]:
+    def run(*args: Any, **kwargs: Any) -> Tensor:
+        kernel = _host_kernels.get(op_name)
+        if kernel is None:
+            raise RuntimeError(f"xla::{op_name} needs the simulated {module}: import it")
+        return kernel(*args, **kwargs)
+
+    return run
+
+
+_XLA_LIB.impl(
+    "quantized_matmul",
+    _on_host("quantized_matmul", "torch_xla.experimental.xla_quantized_matmul"),
+    "CompositeExplicitAutograd",
+)
+
+
+def _device_entry(op_name: str) -> Callable[..., Tensor]:
+    host = _on_host(op_name, "torch_xla.experimental.xla_quantized_matmul")
+
+    def run(*args: Any, **kwargs: Any) -> Tensor:
+        if not isinstance(args[0], XlaSimTensor):
+            # dynamo's fake device tensors: torch_xla computes their shapes with the
+            # composite (host) kernel
+            return host(*args, **kwargs)
+        kernel = _device_kernels.get(op_name)
+        if kernel is None:
+            raise RuntimeError(
+                f"xla::{op_name} needs the simulated torch_xla.experimental.xla_quantized_matmul: "
+                "import it"
+            )
+        return kernel(*args, **kwargs)
+
+    return run
+
+
+# Device tensors take the kernel at their autograd key, where composite ops (linear, einsum)
+# still decompose into the products torch_xla lowers them to, as in the caller's own code;
+# below it (a torch_dispatch rule) they would reach the simulated tensors whole.
+_XLA_LIB.impl("quantized_matmul", _device_entry("quantized_matmul"), "AutogradXLA")

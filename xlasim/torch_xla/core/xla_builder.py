@@ -8,12 +8,17 @@ computes when the computation runs on simulated device tensors
 
 from __future__ import annotations
 
+import abc
+import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch_xla
+from torch.utils import _pytree as pytree
+from torch_xla._internal.jax_workarounds import maybe_get_torchax, requires_jax
 
+from xlasim.runtime import jax_interop
 from xlasim.runtime.op_builder import TORCH_TO_XLA, XLA_TO_TORCH
 
 
@@ -705,44 +710,158 @@ def xla_computation_as_func(computation, name=None):
     return run
 
 
-def _not_simulated(name: str) -> NotImplementedError:
-    return NotImplementedError(
-        f"xlasim does not simulate calling JAX or pre-built XLA functions on tensors "
-        f"(torch_xla.core.xla_builder.{name})"
-    )
-
-
-def call_jax(jax_func, args, kwargs=None, name=None, override_hash=None):
-    raise _not_simulated("call_jax")
-
-
 class FlattenedInputFunc:
-    """torch_xla's wrapper calling a function on flattened pytree inputs (not simulated)."""
+    """``orig_func`` called on a flat tuple of tensors: ``preprocess`` splits a call's
+    ``(args, kwargs)`` pytree into its tensors (returned) and everything else (kept, with the
+    tree's spec), ``flat_call`` rebuilds the call around new tensors and returns its flattened
+    result, ``postprocess`` rebuilds the result's structure."""
 
     def __init__(self, orig_func: Callable[..., Any]) -> None:
-        raise _not_simulated(type(self).__name__)
+        self.orig_func = orig_func
+        self.non_tensors: tuple[Any, ...] | None = None
+        self.in_spec: Any = None
+        self.out_spec: Any = None
+        # Marks where a tensor stood among the non-tensor leaves.
+        self._sentinel = object()
+
+    def flatten(self, inputs: Any) -> tuple[list[Any], Any]:
+        return pytree.tree_flatten(inputs)
+
+    def unflatten(self, flattened: Sequence[Any], spec: Any) -> Any:
+        return pytree.tree_unflatten(list(flattened), spec)
+
+    def preprocess(self, args: Any, kwargs: Any = None) -> tuple[Any, ...]:
+        leaves, self.in_spec = self.flatten((args, kwargs or {}))
+        self.non_tensors = tuple(
+            self._sentinel if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves
+        )
+        return tuple(leaf for leaf in leaves if isinstance(leaf, torch.Tensor))
+
+    def flat_call(self, flat_input: Sequence[Any]) -> list[Any]:
+        assert self.in_spec is not None, "flat call only makes sense after preprocess is called"
+        assert self.non_tensors is not None
+        given = iter(flat_input)
+        leaves = [next(given) if leaf is self._sentinel else leaf for leaf in self.non_tensors]
+        args, kwargs = self.unflatten(leaves, self.in_spec)
+        flat_out, self.out_spec = self.flatten(self.orig_func(*args, **kwargs))
+        return flat_out
+
+    def postprocess(self, res_flattened: Sequence[Any]) -> Any:
+        assert self.out_spec is not None, "post process only makes sense after flat_call is called"
+        return self.unflatten(res_flattened, self.out_spec)
+
+
+class CompiledCallableWithCache(abc.ABC):
+    """A function of tensors made shape-generic: ``specialize`` (a subclass's) builds a callable
+    for one set of input shapes and dtypes (and non-tensor arguments), kept for the next call
+    with the same."""
+
+    def __init__(self, flat_input_func: FlattenedInputFunc) -> None:
+        self._cache: dict[Any, Callable[[Sequence[Any]], Any]] = {}
+        self._flat_input_func = flat_input_func
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        func = self._flat_input_func
+        tensors = func.preprocess(args, kwargs)
+        avals = tuple(None if t is None else (t.shape, t.dtype) for t in tensors)
+        key = (avals, func.non_tensors, func.in_spec)
+        specialized = self._cache.get(key)
+        if specialized is None:
+            specialized = self._cache[key] = self.specialize(tensors)
+        return func.postprocess(specialized(tensors))
+
+    @abc.abstractmethod
+    def specialize(self, sample_flat_args: Sequence[Any]) -> Callable[[Sequence[Any]], Any]: ...
 
 
 class JaxFlattenedInputFunc(FlattenedInputFunc):
-    def __init__(self, orig_func: Callable[..., Any]) -> None:
-        raise _not_simulated("JaxFlattenedInputFunc")
+    """A JAX function's flattening: JAX's pytrees (they know JAX containers such as a
+    ``jax.vjp`` residual), and torch dtypes among the arguments passed on as JAX dtypes."""
 
+    def preprocess(self, args: Any, kwargs: Any = None) -> tuple[Any, ...]:
+        tensors = super().preprocess(args, kwargs)
+        assert self.non_tensors is not None
+        to_jax = jax_interop.layer().jax_dtype
+        self.non_tensors = tuple(
+            to_jax(leaf) if isinstance(leaf, torch.dtype) else leaf for leaf in self.non_tensors
+        )
+        return tensors
 
-class CompiledCallableWithCache:
-    """torch_xla's cache of a callable specialized per input shapes (not simulated)."""
+    def flatten(self, inputs: Any) -> tuple[list[Any], Any]:
+        return jax_interop.layer().tree_flatten(inputs)
 
-    def __init__(self, flat_input_func: Any) -> None:
-        raise _not_simulated(type(self).__name__)
+    def unflatten(self, flattened: Sequence[Any], spec: Any) -> Any:
+        return jax_interop.layer().tree_unflatten(spec, flattened)
 
 
 class JaxCallable(CompiledCallableWithCache):
+    """A JAX function on XLA tensors, jitted once per input shapes; each call is one
+    ``xla::jax_func`` node computed by JAX on the CPU (``xlasim.runtime.jax_interop``)."""
+
     def __init__(self, jax_func: Callable[..., Any]) -> None:
-        raise _not_simulated("JaxCallable")
+        super().__init__(JaxFlattenedInputFunc(jax_func))
+
+    def specialize(self, sample_flat_args: Sequence[Any]) -> Callable[[Sequence[Any]], Any]:
+        avals = [None if a is None else (tuple(a.shape), a.dtype) for a in sample_flat_args]
+        lowered = jax_interop.lower(self._flat_input_func.flat_call, avals)
+
+        def run(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+            return jax_interop.run("xla::jax_func", tensors, lowered)
+
+        return run
 
 
 class XlaCallable(CompiledCallableWithCache):
+    """A function written with this module's ops, built once per input shapes into a
+    computation that runs as one node."""
+
     def __init__(self, xla_func: Callable[..., Any]) -> None:
-        raise _not_simulated("XlaCallable")
+        super().__init__(FlattenedInputFunc(xla_func))
+
+    def specialize(self, sample_flat_args: Sequence[Any]) -> Callable[[Sequence[Any]], Any]:
+        name = "xla::computation"
+        builder = create_builder(name)
+        params = [
+            mkparam(builder, number, mkshape(Op.from_torch_type(a.dtype), a.shape))
+            for number, a in enumerate(sample_flat_args)
+        ]
+        root = Op.tuple(self._flat_input_func.flat_call(params))
+        return xla_computation_as_func(root.build(name), name)
+
+
+# (function id or override_hash, JAX trace context) -> its JaxCallable.
+_JAX_TO_XLA_COMPUTATION_CACHE: dict[Any, JaxCallable] = {}
+
+
+def _jax_to_xla_computation_cache_elements() -> int:
+    """How many input-shape specializations all cached JAX functions hold (each a lowering)."""
+    return sum(len(callable_._cache) for callable_ in _JAX_TO_XLA_COMPUTATION_CACHE.values())
+
+
+@requires_jax
+def call_jax(jax_func, args, kwargs=None, name=None, override_hash=None):
+    """Calls the JAX function ``jax_func`` on ``args``/``kwargs``, whose XLA tensors it sees as
+    JAX arrays; returns its results as XLA tensors.
+
+    As in torch_xla, the function is traced and lowered once per input shapes (keyed by
+    ``override_hash``, else ``id(jax_func)``, and JAX's trace context) and each call is one node
+    of the lazy graph. On the simulator JAX runs the lowered function on the CPU.
+    """
+    layer = jax_interop.layer()
+    # A torchax tensor exists only once torchax is imported; the check imports nothing (an
+    # installed torchax may not import with this torch, and plain calls do not need it).
+    torchax_tensor = sys.modules.get("torchax.tensor")
+    leaves, _ = pytree.tree_flatten((args, kwargs))
+    if torchax_tensor is not None and any(isinstance(a, torchax_tensor.Tensor) for a in leaves):
+        # Already inside a torchax trace (e.g. under assume_pure): torchax calls it directly.
+        torchax = maybe_get_torchax()
+        assert torchax is not None
+        return torchax.interop.call_jax(jax_func, *args, **(kwargs or {}))
+    key = (override_hash or id(jax_func), layer.trace_context())
+    wrapped = _JAX_TO_XLA_COMPUTATION_CACHE.get(key)
+    if wrapped is None:
+        wrapped = _JAX_TO_XLA_COMPUTATION_CACHE[key] = JaxCallable(jax_func)
+    return wrapped(*args, **(kwargs or {}))
 
 
 def create_placeholder_tensor(shape, dtype):

@@ -11,6 +11,7 @@ with the real ones), so pytest must not rewrite them.
 from __future__ import annotations
 
 import ast
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +26,7 @@ from torch_xla import _XLAC as _xlac
 from torch_xla.distributed.spmd.xla_sharded_tensor import XLAShardedTensor
 
 from xlasim.runtime import custom_ops as _custom_ops
+from xlasim.runtime import jax_interop
 from xlasim.runtime import state as _runtime_state
 from xlasim.runtime.tensor import XlaSimTensor
 from xlasim.sharding import mesh as _mesh
@@ -78,7 +80,12 @@ class Mesh(_mesh.Mesh):
             return None
 
     def get_jax_mesh(self) -> Any:
-        raise NotImplementedError("xlasim does not simulate JAX interop (Mesh.get_jax_mesh)")
+        """The JAX mesh of the same device ids, shape and axis names: on a simulated TPU,
+        libtpu's descriptions of the slice's devices (JAX can lower for them; call_jax cannot
+        run on them here), under PJRT_DEVICE=CPU JAX's CPU devices."""
+        names = self.axis_names or tuple(str(i) for i in range(len(self.mesh_shape)))
+        ids = np.asarray(self.device_ids).reshape(self.mesh_shape)
+        return jax_interop.jax_mesh(_runtime_state.current(), ids, names)
 
 
 def set_global_mesh(mesh: Mesh) -> None:
@@ -192,6 +199,12 @@ def _annotate(
 ) -> XLAShardedTensor:
     """Checks the spec, hands its OpSharding to ``binding`` and returns ``t`` with the layout."""
     _require_full_spec(t, partition_spec)
+    torchax_tensor = sys.modules.get("torchax.tensor")
+    if torchax_tensor is not None and isinstance(t, torchax_tensor.Tensor):
+        # Inside a JAX trace (assume_pure): a sharding constraint over the mesh's JAX devices.
+        jax_interop.layer().constrain(t, mesh.get_jax_mesh(), tuple(partition_spec))
+        # torch_xla hands the torchax tensor back as it is.
+        return t
     sharding = mesh.get_op_sharding(partition_spec)
     binding(unwrap_sharded_tensor(t), sharding)
     return _with_layout(t, mesh, partition_spec)
