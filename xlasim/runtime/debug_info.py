@@ -5,22 +5,48 @@ still on the host (SPMD's deferred upload); data moved from the host, which torc
 as a ``device_data`` IR value (outside SPMD until the next step barrier, after which it is
 plain device data; under SPMD for as long as the moved data carries a sharding); and the
 outputs of an executed graph. What a pending op's IR node prints depends on torch_xla's IR
-lowering, which the simulator does not reproduce; that state and the few others whose text
-was not measured raise ``NotImplementedError``. TensorID/AliasID are the simulator's own
-numbering (torch_xla counts every tensor object its C++ makes, in-place results included).
+lowering; the simulator writes it for the few ops whose node it measured (elementwise
+arithmetic, sin, view_as_real/view_as_complex outside SPMD). Other ops' nodes and the few
+states whose text was not measured raise ``NotImplementedError``. TensorID/AliasID are the
+simulator's own numbering (torch_xla counts every tensor object its C++ makes, in-place
+results included).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from xlasim.runtime.errors import xla_shape
+import torch
+
+from xlasim.runtime import legacy_long
+from xlasim.runtime.errors import xla_shape, xla_type
 from xlasim.runtime.tensor import leaf_input
+
+aten = torch.ops.aten
 
 
 def _layout(t: Any) -> str:
     # XLA's default layout: minor-to-major, the last dimension fastest; none for a scalar.
     return "{" + ",".join(str(d) for d in reversed(range(t.dim()))) + "}" if t.dim() else ""
+
+
+def _default_layout(rank: int) -> str:
+    return "{" + ",".join(str(d) for d in reversed(range(rank))) + "}" if rank else ""
+
+
+_VIEW_AS_REAL = aten.view_as_real.default
+# The IR node torch_xla makes for an op's result (functionalization turns views into copies),
+# for the ops whose debug text was measured on torch_xla 2.9.
+_PENDING_IR_NAMES = {
+    aten.add.Tensor: "aten::add",
+    aten.sub.Tensor: "aten::sub",
+    aten.mul.Tensor: "aten::mul",
+    aten.div.Tensor: "aten::div",
+    aten.pow.Tensor_Scalar: "aten::pow",
+    aten.sin.default: "aten::sin",
+    aten.view_as_complex.default: "aten::view_as_complex_copy",
+    _VIEW_AS_REAL: "aten::view_as_real_copy",
+}
 
 
 def _unknown(what: str) -> NotImplementedError:
@@ -108,14 +134,30 @@ def _data_lines(rt: Any, t: Any, ir: str, device: str, shape: str) -> list[str]:
     ]
 
 
+def _pending_ir_line(rt: Any, t: Any, shape: str) -> str:
+    """A pending op's IR node: its torch_xla op name and shape, for the ops measured."""
+    op = t._node.op
+    name = _PENDING_IR_NAMES.get(op)
+    if name is None or rt.spmd or t._sharding is not None:
+        raise _unknown(f"a pending op's IR node (the result of {op})")
+    # view_as_real's node keeps its operand's layout, one dimension short (as measured).
+    layout = _layout(t) if op is not _VIEW_AS_REAL else _default_layout(t.dim() - 1)
+    return f"IR: [] {name}, xla_shape={shape}{layout}, dynamic_dims: ()"
+
+
 def tensor_debug_info(rt: Any, t: Any) -> str:
     """The text torch_xla 2.9 returns for ``t``, or NotImplementedError naming the state."""
-    if t._node is not None:
-        raise _unknown(f"a pending op's IR node (the result of {t._node.op})")
     device = "SPMD:0" if rt.spmd else rt.real_devices()[t._device.index or 0]
     shape = xla_shape(t)
-    ir = _ir_line(rt, t, device, shape)
+    if rt.long_storage and t.dtype in legacy_long.LONG_DTYPES:  # the type the device holds
+        shape = xla_type(legacy_long.stored_dtype(t.dtype, True)) + shape[shape.index("[") :]
     sharding = t._sharding
+    if t._node is not None:
+        ir = _pending_ir_line(rt, t, shape)
+        data = ["XLAData: None"]  # nothing computed yet
+    else:
+        ir = _ir_line(rt, t, device, shape)
+        data = _data_lines(rt, t, ir, device, shape)
     lines = [
         "XLATensor {",
         f"TensorID: {t._seq}",
@@ -124,7 +166,7 @@ def tensor_debug_info(rt: Any, t: Any) -> str:
         f"XLA Shape: {shape}",
         f"ShardingSpec: {sharding.spec_string() if sharding is not None else 'None'}",
         ir,
-        *_data_lines(rt, t, ir, device, shape),
+        *data,
         f"Tensor on host: with size {list(t.shape)}"
         if t._on_host or _barrier_uploaded(rt, t)
         else "Tensor on host: None",

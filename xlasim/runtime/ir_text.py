@@ -3,9 +3,13 @@
 Measured on torch_xla 2.9 (CPU): one line per IR value, numbered ``%0, %1...`` as a depth-first
 walk from each tensor in turn reaches them, an op's operands last to first, each operand
 before its user; ``xla::device_data()`` for data, ``prim::Constant()`` for the ``alpha`` an
-add or sub takes, the given tensors marked ``ROOT=<index>``. Written here for device data and
-the elementwise add, sub, mul and div of tensors of one dtype; any other op, or a Python
-number among the operands, raises NotImplementedError instead of inventing text.
+add or sub takes, the given tensors marked ``ROOT=<index>``. Written here for device data, the
+elementwise add, sub, mul and div of tensors of one dtype, ``pow`` of a floating tensor by a
+Python number (the number a ``prim::Constant()`` of the tensor's type, whatever its value) and
+``floor_divide`` of floating tensors (an ``aten::div`` node, then an ``aten::floor`` one); any
+other op, or a Python number among other ops' operands, raises NotImplementedError instead of
+inventing text. Under ``XLA_USE_BF16``/``XLA_DOWNCAST_BF16``/``XLA_USE_32BIT_LONG`` a value
+shows the type the device stores it in.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import Any
 
 import torch
 
+from xlasim.runtime import legacy_bf16, legacy_long
 from xlasim.runtime.errors import xla_type
 from xlasim.runtime.graph import Node
 from xlasim.runtime.tensor import XlaSimTensor, device_data_key
@@ -21,6 +26,8 @@ from xlasim.runtime.tensor import XlaSimTensor, device_data_key
 aten = torch.ops.aten
 _WITH_ALPHA = {aten.add.Tensor: "aten::add", aten.sub.Tensor: "aten::sub"}
 _PLAIN = {aten.mul.Tensor: "aten::mul", aten.div.Tensor: "aten::div"}
+_WRITTEN = "written: device data, add/sub/mul/div of two tensors with alpha 1, pow of a "
+_WRITTEN += "floating tensor by a number, floor_divide of floating tensors"
 
 
 def _shape(dtype: torch.dtype, dims: tuple[int, ...]) -> str:
@@ -30,10 +37,22 @@ def _shape(dtype: torch.dtype, dims: tuple[int, ...]) -> str:
     return text
 
 
+def _unwritten(op: Any) -> NotImplementedError:
+    return NotImplementedError(
+        f"xlasim does not simulate the IR text of {op} with these operands ({_WRITTEN})"
+    )
+
+
 class _Printer:
-    def __init__(self) -> None:
+    def __init__(self, float_storage: str | None, long_storage: bool | None) -> None:
         self.lines: list[str] = []
         self.ids: dict[int, tuple[int, torch.dtype]] = {}  # id(IR value) -> (number, dtype)
+        self.storage = float_storage or legacy_bf16.OFF
+        self.long_storage = long_storage
+
+    def _shape(self, dtype: torch.dtype, dims: tuple[int, ...]) -> str:
+        stored = legacy_bf16.stored_dtype(dtype, self.storage)
+        return _shape(legacy_long.stored_dtype(stored, self.long_storage), dims)
 
     def _emit(self, key: int, dtype: torch.dtype, shape: str, text: str) -> int:
         number = len(self.lines)
@@ -41,42 +60,82 @@ class _Printer:
         self.lines.append(f"  %{number} = {shape} {text}, xla_shape={shape}")
         return number
 
+    def _constant(self, dtype: torch.dtype) -> int:
+        number = len(self.lines)
+        scalar = self._shape(dtype, ())
+        self.lines.append(f"  %{number} = {scalar} prim::Constant(), xla_shape={scalar}")
+        return number
+
     def dtype(self, item: Any) -> torch.dtype:
         if not isinstance(item, Node):
             return item[1]
+        if item.op is aten.pow.Tensor_Scalar:
+            return self.dtype(item.inputs[0])
         a, b = (self.dtype(operand) for operand in item.inputs)
         return torch.promote_types(a, b)
+
+    def _pow(self, item: Node, consts: Any) -> tuple[int, torch.dtype]:
+        """``pow(tensor, number)``: the number is a constant of the tensor's type, reached
+        first (the last operand)."""
+        dtype = self.dtype(item)
+        exponent = consts[0] if len(consts) == 1 else None
+        if not dtype.is_floating_point or type(exponent) not in (int, float):
+            raise _unwritten(item.op)
+        constant = self._constant(dtype)
+        base = self.value(item.inputs[0])[0]
+        shape = self._shape(dtype, tuple(item.shape or ()))
+        return self._emit(id(item), dtype, shape, f"aten::pow(%{base}, %{constant})"), dtype
+
+    def _floor_divide(self, item: Node) -> tuple[int, torch.dtype]:
+        """Floating ``floor_divide``: torch_xla's IR is a division node, then a floor node."""
+        dtype = self.dtype(item)
+        if not dtype.is_floating_point or {self.dtype(o) for o in item.inputs} != {dtype}:
+            raise _unwritten(item.op)
+        divisor = self.value(item.inputs[1])[0]
+        dividend = self.value(item.inputs[0])[0]
+        shape = self._shape(dtype, tuple(item.shape or ()))
+        quotient = len(self.lines)
+        self.lines.append(
+            f"  %{quotient} = {shape} aten::div(%{dividend}, %{divisor}), xla_shape={shape}"
+        )
+        return self._emit(id(item), dtype, shape, f"aten::floor(%{quotient})"), dtype
 
     def value(self, item: Any) -> tuple[int, torch.dtype]:
         known = self.ids.get(id(item))
         if known is not None:
             return known
         if not isinstance(item, Node):  # a device-data key: (shape, dtype, sharding)
-            self._emit(id(item), item[1], _shape(item[1], tuple(item[0])), "xla::device_data()")
+            shape = self._shape(item[1], tuple(item[0]))
+            self._emit(id(item), item[1], shape, "xla::device_data()")
             return self.ids[id(item)]
-        name = _WITH_ALPHA.get(item.op) or _PLAIN.get(item.op)
         consts, kwargs = item.args if isinstance(item.args, tuple) else ((), {})
+        if item.op is aten.pow.Tensor_Scalar and len(item.inputs) == 1 and not kwargs:
+            return self._pow(item, consts)
+        if item.op is aten.floor_divide.default and len(item.inputs) == 2 and not consts:
+            return self._floor_divide(item)
+        name = _WITH_ALPHA.get(item.op) or _PLAIN.get(item.op)
         alpha = (kwargs or {}).get("alpha", 1)
         if name is None or len(item.inputs) != 2 or list(consts) or alpha != 1:
-            raise NotImplementedError(
-                f"xlasim does not simulate the IR text of {item.op} with these operands "
-                "(written: device data, and add/sub/mul/div of two tensors, alpha 1)"
-            )
+            raise _unwritten(item.op)
         dtype = self.dtype(item)
         numbers: dict[int, int] = {}
         if item.op in _WITH_ALPHA:  # the last operand: reached first
-            numbers[2] = len(self.lines)
-            scalar = _shape(dtype, ())
-            self.lines.append(f"  %{numbers[2]} = {scalar} prim::Constant(), xla_shape={scalar}")
+            numbers[2] = self._constant(dtype)
         for index in reversed(range(2)):
             numbers[index] = self.value(item.inputs[index])[0]
         args = ", ".join(f"%{numbers[i]}" for i in sorted(numbers))
-        shape = _shape(dtype, tuple(item.shape or ()))
+        shape = self._shape(dtype, tuple(item.shape or ()))
         return self._emit(id(item), dtype, shape, f"{name}({args})"), dtype
 
 
-def tensors_text(tensors: list[XlaSimTensor]) -> str:
-    printer = _Printer()
+def tensors_text(
+    tensors: list[XlaSimTensor],
+    float_storage: str | None = None,
+    long_storage: bool | None = None,
+) -> str:
+    """The text; ``float_storage`` and ``long_storage`` are the runtime's legacy bfloat16
+    and 32-bit long modes (None: off)."""
+    printer = _Printer(float_storage, long_storage)
     roots: list[int] = []
     for t in tensors:
         item = t._node if t._node is not None else device_data_key(t)

@@ -24,7 +24,7 @@ import torch
 
 from xlasim.runtime.settings import xla_env_flag
 
-__all__ = ["OFF", "read_mode", "round_in_place", "round_scalar"]
+__all__ = ["OFF", "read_mode", "round_in_place", "round_scalar", "stored_dtype"]
 
 OFF = ""
 USE_BF16 = "XLA_USE_BF16"
@@ -63,6 +63,11 @@ def read_mode() -> str:
 
 
 _announced = False
+
+
+def stored_dtype(dtype: torch.dtype, mode: str) -> torch.dtype:
+    """The type the device holds values of ``dtype`` in under ``mode``."""
+    return _STORED[mode].get(dtype, dtype) if mode else dtype
 
 
 def round_in_place(t: torch.Tensor, mode: str) -> None:

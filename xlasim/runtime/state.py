@@ -123,6 +123,9 @@ class SimRuntime:
     float_storage: str | None = None
     """How the devices store floating values: ``""`` as their dtype, or the legacy bfloat16
     variable in force (``xlasim.runtime.legacy_bf16``); None until the first floating tensor."""
+    long_storage: bool | None = None
+    """Whether the devices hold 64-bit integers in 32 bits (``XLA_USE_32BIT_LONG``,
+    ``xlasim.runtime.legacy_long``); None until the first 64-bit integer tensor."""
     graphs: GraphCache = field(init=False)
     scalar_data: ScalarData = field(default_factory=ScalarData)
     """The device data torch_xla has moved for Python numbers ops took (a cache)."""

@@ -23,6 +23,7 @@ from xlasim.runtime import errors as _errors
 from xlasim.runtime import graph as _graph
 from xlasim.runtime import graph_limit as _graph_limit
 from xlasim.runtime import legacy_bf16 as _legacy_bf16
+from xlasim.runtime import legacy_long as _legacy_long
 from xlasim.runtime import numerics as _numerics
 from xlasim.runtime import state as _runtime
 from xlasim.runtime import strided as _strided
@@ -37,6 +38,7 @@ from xlasim.sharding.tensor_sharding import TensorSharding
 aten = torch.ops.aten
 
 _CPU = torch.device("cpu")
+_LONG_DTYPES = _legacy_long.LONG_DTYPES
 _creation_order = itertools.count()
 
 # Ops whose result carries the very IR value of their input in torch_xla (no new node).
@@ -359,7 +361,17 @@ def _new(elem: torch.Tensor, device: torch.device, node: Node | None, rt: Any) -
     r._seq = next(_creation_order)
     if rt is not None and rt.float_storage != "" and elem.is_floating_point():
         _store_as_legacy_bf16(rt, elem)
+    elif rt is not None and rt.long_storage is not False and elem.dtype in _LONG_DTYPES:
+        _store_as_legacy_long(rt, elem)
     return r
+
+
+def _store_as_legacy_long(rt: Any, elem: torch.Tensor) -> None:
+    """XLA_USE_32BIT_LONG, read at the runtime's first 64-bit integer tensor."""
+    if rt.long_storage is None:
+        rt.long_storage = _legacy_long.read_mode()
+    if rt.long_storage:
+        _legacy_long.wrap_in_place(elem)
 
 
 def _store_as_legacy_bf16(rt: Any, elem: torch.Tensor) -> None:
@@ -916,6 +928,8 @@ def _update(
         _count_write(o)
     if w._rt.float_storage:
         _legacy_bf16.round_in_place(o, w._rt.float_storage)
+    if w._rt.long_storage:
+        _legacy_long.wrap_in_place(o)
     if w.shape != o.shape:
         set_wrapper_shape(w, o.shape)
         w._leaf = None
@@ -1352,6 +1366,8 @@ def _copy_(func, args, kwargs):
         dst._elem.copy_(src, **kwargs)
         if runtime.float_storage:
             _legacy_bf16.round_in_place(dst._elem, runtime.float_storage)
+        if runtime.long_storage:
+            _legacy_long.wrap_in_place(dst._elem)
         dst._node = None
         if runtime.spmd:
             # torch_xla keeps the data on the host until it is sharded or used.

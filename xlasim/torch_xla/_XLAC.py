@@ -521,8 +521,15 @@ def _get_base_seed_as_tensor(device: str) -> torch.Tensor:
     return torch.tensor(_rt().rng_seed, dtype=torch.int64, device=device)
 
 
+def _init_xla_lazy_backend() -> None:
+    """Registers torch_xla's kernels with PyTorch; they were registered when torch_xla was
+    imported, and torch_xla does it once per process, so this changes nothing (nor the
+    ``RegisterXLAFunctions`` counter)."""
+
+
 def _get_xla_tensors_text(tensors: Sequence[Any]) -> str:
-    return ir_text.tensors_text([xla_tensor(t) for t in tensors])
+    rt = _rt()
+    return ir_text.tensors_text([xla_tensor(t) for t in tensors], rt.float_storage, rt.long_storage)
 
 
 def _clear_pending_irs(device: str) -> None:
@@ -979,6 +986,8 @@ def _get_xla_tensors_hlo(tensors: Sequence[Any]) -> str:
 
 
 def _get_xla_tensor_debug_info(t: Any) -> str:
+    if isinstance(t, torch.Tensor) and t.device.type != "xla":
+        return "Not a XLATensor\n"  # torch_xla 2.9's answer for a tensor of another device
     return tensor_debug_info(_rt(), xla_tensor(t))
 
 
