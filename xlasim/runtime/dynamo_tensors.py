@@ -30,6 +30,7 @@ _DYNAMO = "torch._dynamo"
 def _teach_dynamo() -> None:
     # Deferred: only reached once torch._dynamo is (being) imported.
     import torch._dynamo.config
+    import torch._dynamo.trace_rules
     import torch._functorch.config
     from torch._dynamo.variables import builder
 
@@ -37,6 +38,9 @@ def _teach_dynamo() -> None:
     torch._dynamo.config.automatic_dynamic_shapes = False
     torch._dynamo.config.specialize_float = True
     torch._functorch.config.view_replay_for_aliased_outputs = True
+    # torch_xla's runtime is C++, which dynamo never sees; the simulator's is Python, and a
+    # frame of it running while a compiled function falls back to eager must not be traced.
+    torch._dynamo.trace_rules.add("xlasim.runtime")
     wrap = builder.VariableBuilder._wrap
     if getattr(wrap, "_xlasim", False):
         return
