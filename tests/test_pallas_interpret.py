@@ -154,3 +154,131 @@ def test_without_the_extra_jax_is_named(xlasim_sim):
     kernel = make_kernel_from_pallas(lambda x: x, lambda x: [(x.shape, x.dtype)])
     with pytest.raises(NotImplementedError, match=r"needs the tpu-compiler extra"):
         kernel(torch.ones(2).to("xla"))
+
+
+def _ragged_inputs(kv_dtype=torch.float32):
+    # Three sequences (decode, short prefill, longer prefill) of 4 query heads over 2 key/value
+    # heads, pages of 4 positions, padded to 12 token rows and 4 sequences.
+    g = torch.Generator().manual_seed(1)
+    seqs = [(1, 9), (3, 3), (5, 14)]  # (q_len, kv_len)
+    bounds = [0, 1, 4, 9, 9]
+    q = torch.randn(12, 4, 8, generator=g)
+    kv_pages = torch.randn(20, 4, 4, 8, generator=g).to(kv_dtype)
+    kv_lens = torch.tensor([kv for _, kv in seqs] + [0], dtype=torch.int32)
+    page_indices = torch.randperm(20, generator=g)[:16].int().reshape(4, 4)
+    cu_q_lens = torch.tensor(bounds, dtype=torch.int32)
+    num_seqs = torch.tensor([3], dtype=torch.int32)
+    return seqs, (q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs)
+
+
+def _ragged_written_out(seqs, q, kv_pages, page_indices, sm_scale, sliding_window, soft_cap):
+    # The documented semantics (JAX's ragged_paged_attention docstring and reference), one
+    # query head and query at a time: keys and values interleaved on the head axis, query
+    # head h on key/value head h // 2, a query at position p sees keys p - window < j <= p.
+    rows, start = [], 0
+    for b, (q_len, kv_len) in enumerate(seqs):
+        kv = kv_pages[page_indices[b].long()].reshape(-1, 4, 8)[:kv_len].float()
+        for r in range(q_len):
+            position = kv_len - q_len + r
+            heads = []
+            for h in range(4):
+                scores = kv[:, 2 * (h // 2)] @ q[start + r, h] * sm_scale
+                if soft_cap is not None:
+                    scores = soft_cap * torch.tanh(scores / soft_cap)
+                seen = torch.arange(kv_len) <= position
+                if sliding_window is not None:
+                    seen &= torch.arange(kv_len) > position - sliding_window
+                weights = torch.softmax(scores.masked_fill(~seen, float("-inf")), dim=0)
+                heads.append(weights @ kv[:, 2 * (h // 2) + 1])
+            rows.append(torch.stack(heads))
+        start += q_len
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("use_kernel", [True, False])
+@pytest.mark.parametrize(
+    ("sm_scale", "sliding_window", "soft_cap"), [(1.0, None, None), (0.5, 3, 2.0)]
+)
+def test_ragged_paged_attention(xlasim_sim, use_kernel, sm_scale, sliding_window, soft_cap):
+    need_tpu_compiler()
+    import jax.numpy as jnp
+    import torch_xla
+    import torch_xla.backends
+    from torch_xla.experimental.custom_kernel import ragged_paged_attention
+    from torch_xla.experimental.pallas_kernels import ragged_paged_attention_v2
+
+    seqs, args = _ragged_inputs()
+    options = {"sm_scale": sm_scale, "sliding_window": sliding_window, "soft_cap": soft_cap}
+    dev = torch_xla.device()
+    # float32 products as the written-out attention takes them (the TPU's default rounds
+    # the inputs to bfloat16).
+    torch_xla.backends.set_mat_mul_precision("highest")
+    out = ragged_paged_attention(*(t.to(dev) for t in args), use_kernel=use_kernel, **options).cpu()
+    q, kv_pages, _, page_indices, _, _ = args
+    expected = _ragged_written_out(seqs, q, kv_pages, page_indices, **options)
+    # torch_xla 2.9: the kernel returns q's shape, the op-by-op path the sequences' rows.
+    assert out.shape == ((12, 4, 8) if use_kernel else (9, 4, 8))
+    torch.testing.assert_close(out[:9], expected, atol=1e-5, rtol=1e-5)
+    if use_kernel:
+        assert torch.equal(out[9:], torch.zeros(3, 4, 8))
+    # The JAX function torch_xla ships under pallas_kernels gives the same on JAX arrays.
+    direct = ragged_paged_attention_v2.ragged_paged_attention(
+        *(jnp.asarray(t.numpy()) for t in args), **options
+    )
+    assert direct.shape == (12, 4, 8)
+    torch.testing.assert_close(
+        torch.from_numpy(np.asarray(direct))[:9], expected, atol=1e-5, rtol=1e-5
+    )
+
+
+def test_ragged_paged_attention_op(xlasim_sim):
+    # torch_xla 2.9 registers xla::ragged_paged_attention (and its other kernels) for dynamo:
+    # on the device it runs the kernel; off it (fake tensors) it returns an uninitialised
+    # tensor like q, warning unless the tensors are meta tensors.
+    need_tpu_compiler()
+    import torch_xla
+    import torch_xla.experimental.custom_kernel  # noqa: F401 - installs the device kernels
+
+    _, args = _ragged_inputs()
+    dev = torch_xla.device()
+    out = torch.ops.xla.ragged_paged_attention(*(t.to(dev) for t in args), sm_scale=0.5)
+    from torch_xla.experimental.custom_kernel import ragged_paged_attention
+
+    expected = ragged_paged_attention(*(t.to(dev) for t in args), sm_scale=0.5)
+    assert torch.equal(out.cpu(), expected.cpu())
+    with pytest.warns(
+        UserWarning, match="^XLA paged attention should only be applied to tensors on XLA device$"
+    ):
+        off = torch.ops.xla.ragged_paged_attention(*args)
+    assert off.shape == args[0].shape
+    meta = torch.ops.xla.flash_attention(*(torch.empty(2, 3, 4, device="meta"),) * 3)
+    assert meta.shape == (2, 3, 4) and meta.device.type == "meta"
+    small = torch.ones(4, 8).to(dev)
+    with pytest.raises(NotImplementedError, match=r"custom_kernel\.gmm_xla"):
+        torch.ops.xla.gmm(small, torch.ones(1, 8, 4).to(dev), torch.tensor([4]).to(dev))
+
+
+def test_ragged_paged_attention_refusals(xlasim_sim):
+    need_tpu_compiler()
+    import torch_xla
+    from torch_xla.experimental.custom_kernel import ragged_paged_attention
+
+    dev = torch_xla.device()
+    _, args = _ragged_inputs()
+    q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs = (t.to(dev) for t in args)
+    # torch_xla 2.9's op-by-op path checks the lengths when it runs.
+    longer = torch.tensor([0, 1, 5, 10, 10], dtype=torch.int32).to(dev)
+    with pytest.raises(
+        ValueError, match=r"^q_len=.* must be less or equal to kv_len=.* at sequence 1\.$"
+    ):
+        ragged_paged_attention(
+            q, kv_pages, kv_lens, page_indices, longer, num_seqs, use_kernel=False
+        )
+    # The kernel's own checks (JAX's ragged_paged_attention), raised when it is traced.
+    with pytest.raises(ValueError, match=r"must be int32"):
+        ragged_paged_attention(q, kv_pages, kv_lens.long(), page_indices, cu_q_lens, num_seqs)
+    one_head = torch.zeros(20, 4, 2, 8, dtype=torch.float8_e5m2).to(dev)
+    with pytest.raises(ValueError, match=r"can not be XLA fully tiled"):
+        ragged_paged_attention(
+            q[:, :1].to(torch.bfloat16), one_head, kv_lens, page_indices, cu_q_lens, num_seqs
+        )

@@ -34,6 +34,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas.ops.tpu.paged_attention import (
     paged_attention_kernel as jax_paged_attention,
 )
+from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel as jax_ragged_attention
 
 HANDLE_PREFIX = "xlasim-pallas-kernel:"
 
@@ -239,3 +240,71 @@ def _checked(
 def paged_attention_kernel() -> Callable[..., Any]:
     """JAX's Pallas paged-attention kernel function (what torch_xla's wrapper runs)."""
     return jax_paged_attention.paged_attention
+
+
+def check_ragged_paged_attention(tensors: Sequence[torch.Tensor], **options: Any) -> None:
+    """JAX's ragged paged-attention kernel's own checks of its inputs' shapes and dtypes and of
+    its options, then of its head tiling (``ValueError`` with JAX's messages): what the
+    kernel refuses when torch_xla traces it."""
+    structs = [jax.ShapeDtypeStruct(tuple(t.shape), jax_dtype(t.dtype)) for t in tensors]
+    jax_ragged_attention.static_validate_inputs(*structs, **options)
+    _check_heads(structs[0], structs[1])
+
+
+def _check_heads(q: Any, kv_pages: Any) -> None:
+    """The kernel's refusal of head counts it cannot tile."""
+    jax_ragged_attention.get_min_heads_per_blk(
+        q.shape[1], kv_pages.shape[2], q.dtype, kv_pages.dtype
+    )
+
+
+def ragged_paged_attention(
+    q: jax.Array,
+    kv_pages: jax.Array,
+    kv_lens: jax.Array,
+    page_indices: jax.Array,
+    cu_q_lens: jax.Array,
+    num_seqs: jax.Array,
+    *,
+    sm_scale: float = 1.0,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
+    mask_value: float | None = jax_ragged_attention.DEFAULT_MASK_VALUE,
+    k_scale: float | None = None,
+    v_scale: float | None = None,
+    num_kv_pages_per_block: int | None = None,
+    num_queries_per_block: int | None = None,
+    vmem_limit_bytes: int | None = None,
+) -> jax.Array:
+    """What JAX's ragged paged-attention kernel returns, for JAX arrays on the simulated TPU.
+
+    The kernel itself runs in neither of JAX's interpret modes (it reshapes and bitcasts
+    memory references, which they do not take), so the attention it defines is computed by
+    JAX's own reference of it (``ref_ragged_paged_attention``), after the kernel's checks
+    (block sizes only checked: they change how the kernel walks the pages, not its result).
+    The result has ``q``'s shape, as the kernel's: rows past the last sequence's queries,
+    which the kernel leaves unwritten, are zeros."""
+    options = {
+        "sm_scale": sm_scale,
+        "sliding_window": sliding_window,
+        "soft_cap": soft_cap,
+        "mask_value": mask_value,
+        "k_scale": k_scale,
+        "v_scale": v_scale,
+    }
+    jax_ragged_attention.static_validate_inputs(
+        q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs,
+        num_kv_pages_per_block=num_kv_pages_per_block,
+        num_queries_per_block=num_queries_per_block,
+        vmem_limit_bytes=vmem_limit_bytes,
+        **options,
+    )  # fmt: skip
+    _check_heads(q, kv_pages)
+    out = jax_ragged_attention.ref_ragged_paged_attention(
+        q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, **options
+    )
+    return jax.numpy.zeros_like(q).at[: out.shape[0]].set(out.astype(q.dtype))
+
+
+# JAX's reference of the kernel, under its own name.
+ref_ragged_paged_attention = jax_ragged_attention.ref_ragged_paged_attention
