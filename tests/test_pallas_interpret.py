@@ -282,3 +282,49 @@ def test_ragged_paged_attention_refusals(xlasim_sim):
         ragged_paged_attention(
             q[:, :1].to(torch.bfloat16), one_head, kv_lens, page_indices, cu_q_lens, num_seqs
         )
+
+
+@pytest.mark.parametrize("use_kernel", [True, False])
+@pytest.mark.parametrize("soft_cap", [None, 1.5])
+def test_multi_queries_paged_attention(xlasim_sim, use_kernel, soft_cap):
+    # Two sequences of 3 query rows (the first 2 and 3 of them effective) of 4 query heads
+    # over 2 key/value heads, pages [kv_heads, pages, 4, head_dim]: torch_xla 2.9's
+    # documented semantics written out a row and head at a time (row r of sequence b sits at
+    # position lengths[b] - effective_q_lens[b] + r and sees the keys up to it).
+    need_tpu_compiler()
+    import jax.numpy as jnp
+    import torch_xla
+    import torch_xla.backends
+    from torch_xla.experimental.custom_kernel import multi_queries_paged_attention
+    from torch_xla.experimental.pallas_kernels import multi_queries_paged_attention_kernel
+
+    g = torch.Generator().manual_seed(2)
+    q = torch.randn(2, 3, 4, 8, generator=g)
+    k_pages = torch.randn(2, 6, 4, 8, generator=g)
+    v_pages = torch.randn(2, 6, 4, 8, generator=g)
+    lengths = torch.tensor([5, 10], dtype=torch.int32)
+    page_indices = torch.tensor([[4, 1, 0], [2, 5, 3]], dtype=torch.int32)
+    effective = torch.tensor([2, 3], dtype=torch.int32)
+    args = (q, k_pages, v_pages, lengths, page_indices, effective)
+    blocks = {"num_kv_pages_per_compute_block": 1, "num_queries_per_compute_block": 3}
+    expected = torch.zeros(2, 3, 4, 8)
+    for b in range(2):
+        keys = k_pages[:, page_indices[b].long()].reshape(2, -1, 8)[:, : lengths[b]]
+        values = v_pages[:, page_indices[b].long()].reshape(2, -1, 8)[:, : lengths[b]]
+        for r in range(3):
+            position = int(lengths[b] - effective[b]) + r
+            for h in range(4):
+                scores = keys[h // 2, : position + 1] @ q[b, r, h]
+                if soft_cap is not None:
+                    scores = soft_cap * torch.tanh(scores / soft_cap)
+                expected[b, r, h] = torch.softmax(scores, 0) @ values[h // 2, : position + 1]
+    torch_xla.backends.set_mat_mul_precision("highest")
+    dev = torch_xla.device()
+    out = multi_queries_paged_attention(
+        *(t.to(dev) for t in args), **blocks, use_kernel=use_kernel, attn_logits_soft_cap=soft_cap
+    ).cpu()
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    direct = multi_queries_paged_attention_kernel.paged_attention(
+        *(jnp.asarray(t.numpy()) for t in args), **blocks, attn_logits_soft_cap=soft_cap
+    )
+    torch.testing.assert_close(torch.from_numpy(np.array(direct)), expected, atol=1e-5, rtol=1e-5)

@@ -36,6 +36,8 @@ from jax.experimental.pallas.ops.tpu.paged_attention import (
 )
 from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel as jax_ragged_attention
 
+from xlasim.runtime.compiler import multi_query_attention
+
 HANDLE_PREFIX = "xlasim-pallas-kernel:"
 
 # torch dtypes JAX takes, with the numpy type their bytes are read as (torch's numpy bridge has
@@ -308,3 +310,6 @@ def ragged_paged_attention(
 
 # JAX's reference of the kernel, under its own name.
 ref_ragged_paged_attention = jax_ragged_attention.ref_ragged_paged_attention
+
+# The attention torch_xla's multi-query paged-attention kernel computes, as JAX code.
+multi_queries_paged_attention = multi_query_attention.paged_attention

@@ -603,12 +603,103 @@ def paged_attention_non_xla(
     return non_xla_attetion(q, k_pages, v_pages, "paged")
 
 
-def multi_queries_paged_attention(*args: Any, **kwargs: Any) -> torch.Tensor:
-    raise _needs_pallas("multi_queries_paged_attention")
+def multi_queries_paged_attention(
+    q: torch.Tensor,
+    k_pages: torch.Tensor,
+    v_pages: torch.Tensor,
+    lengths: torch.Tensor,
+    page_indices: torch.Tensor,
+    effective_q_lens: torch.Tensor,
+    num_kv_pages_per_compute_block: int,
+    num_queries_per_compute_block: int,
+    use_kernel: bool = True,
+    attn_logits_soft_cap: float | None = None,
+) -> torch.Tensor:
+    """Paged attention of several queries per sequence, ``q`` [batch, query_len, num_heads,
+    head_dim] over ``k_pages``/``v_pages`` [num_kv_heads, pages, page_size, head_dim].
+
+    ``use_kernel=True`` is torch_xla's Pallas kernel: one ``tpu_custom_call`` running the
+    attention it computes as JAX code (``xlasim.runtime.compiler.multi_query_attention``, the
+    tpu-compiler extra). ``use_kernel=False`` is torch_xla's op-by-op path: the same
+    attention with tensor ops, products in the inputs' dtype and softmax in float32."""
+    assert len(q.shape) == 4, "q should have 4 dimensions."
+    if not use_kernel:
+        return _multi_query_attention(
+            q, k_pages, v_pages, lengths, page_indices, effective_q_lens, attn_logits_soft_cap
+        )
+    layer = interpreter()
+    tensors = [q, k_pages, v_pages, lengths, page_indices, effective_q_lens]
+    payload = layer.trace(
+        layer.multi_queries_paged_attention,
+        tensors,
+        {
+            "num_kv_pages_per_compute_block": num_kv_pages_per_compute_block,
+            "num_queries_per_compute_block": num_queries_per_compute_block,
+            "attn_logits_soft_cap": attn_logits_soft_cap,
+        },
+        static_argnames=[
+            "num_kv_pages_per_compute_block",
+            "num_queries_per_compute_block",
+            "attn_logits_soft_cap",
+        ],
+        whole=True,
+    )
+    (out,) = torch_xla._XLAC._xla_tpu_custom_call(tensors, payload, [q.shape], [q.dtype])
+    return out
 
 
-def multi_queries_paged_attention_xla(*args: Any, **kwargs: Any) -> torch.Tensor:
-    raise _needs_pallas("multi_queries_paged_attention_xla")
+def _multi_query_attention(
+    q: torch.Tensor,
+    k_pages: torch.Tensor,
+    v_pages: torch.Tensor,
+    lengths: torch.Tensor,
+    page_indices: torch.Tensor,
+    effective_q_lens: torch.Tensor,
+    soft_cap: float | None,
+) -> torch.Tensor:
+    """Per batch entry: its rows ``r`` at positions ``lengths[b] - effective_q_lens[b] + r``
+    see the keys up to their own among the entry's first ``lengths[b]`` positions."""
+    batch, query_len, heads, head_dim = q.shape
+    kv_heads, _, page_size, _ = k_pages.shape
+    group = heads // kv_heads
+    kv_lens = [int(n) for n in lengths.cpu()]
+    visible = [int(n) for n in (lengths - effective_q_lens).cpu()]
+    rows = []
+    for b in range(batch):
+        pages = page_indices[b, : -(-kv_lens[b] // page_size)]
+        # [kv_heads, pages, page_size, d] -> [kv_heads, kv_len, d]
+        keys = k_pages[:, pages].reshape(kv_heads, -1, head_dim)[:, : kv_lens[b]]
+        values = v_pages[:, pages].reshape(kv_heads, -1, head_dim)[:, : kv_lens[b]]
+        queries = q[b].reshape(query_len, kv_heads, group, head_dim)
+        scores = torch.einsum("qhgd,hkd->hgqk", queries, keys)
+        if soft_cap is not None:
+            scores = torch.tanh(scores / soft_cap) * soft_cap
+        last = torch.arange(query_len, device=q.device).unsqueeze(1) + visible[b]
+        hidden = torch.arange(kv_lens[b], device=q.device).unsqueeze(0) > last
+        probs = torch.softmax(scores.float().masked_fill(hidden, float("-inf")), dim=-1)
+        out = torch.einsum("hgqk,hkd->qhgd", probs.to(values.dtype), values)
+        rows.append(out.reshape(query_len, heads, head_dim))
+    return torch.stack(rows)
+
+
+def multi_queries_paged_attention_xla(
+    q: torch.Tensor,
+    k_pages: torch.Tensor,
+    v_pages: torch.Tensor,
+    lengths: torch.Tensor,
+    page_indices: torch.Tensor,
+    effective_q_lens: torch.Tensor,
+    num_kv_pages_per_compute_block: int,
+    num_queries_per_compute_block: int,
+    use_kernel: bool,
+    attn_logits_soft_cap: float | None = None,
+) -> torch.Tensor:
+    """The XLA kernel of the ``xla::multi_queries_paged_attention`` op."""
+    return multi_queries_paged_attention(
+        q, k_pages, v_pages, lengths, page_indices, effective_q_lens,
+        num_kv_pages_per_compute_block, num_queries_per_compute_block, use_kernel,
+        attn_logits_soft_cap,
+    )  # fmt: skip
 
 
 def multi_queries_paged_attention_non_xla(
