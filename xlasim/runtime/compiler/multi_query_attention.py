@@ -25,14 +25,15 @@ import jax.numpy as jnp
 _MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 
 
-@functools.partial(
-    jax.jit,
-    static_argnames=[
-        "num_kv_pages_per_compute_block",
-        "num_queries_per_compute_block",
-        "attn_logits_soft_cap",
-    ],
+# The options that shape the computation, static under jit.
+_STATIC = (
+    "attn_logits_soft_cap",
+    "num_queries_per_compute_block",
+    "num_kv_pages_per_compute_block",
 )
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC)
 def paged_attention(
     q: jax.Array,  # [batch, query_len, num_heads, head_dim]
     k_pages: jax.Array,  # [num_kv_heads, total_pages, page_size, head_dim]

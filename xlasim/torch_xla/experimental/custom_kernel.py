@@ -629,19 +629,17 @@ def multi_queries_paged_attention(
         )
     layer = interpreter()
     tensors = [q, k_pages, v_pages, lengths, page_indices, effective_q_lens]
+    # Static in the traced function: they shape the computation.
+    options = {
+        "attn_logits_soft_cap": attn_logits_soft_cap,
+        "num_queries_per_compute_block": num_queries_per_compute_block,
+        "num_kv_pages_per_compute_block": num_kv_pages_per_compute_block,
+    }
     payload = layer.trace(
         layer.multi_queries_paged_attention,
         tensors,
-        {
-            "num_kv_pages_per_compute_block": num_kv_pages_per_compute_block,
-            "num_queries_per_compute_block": num_queries_per_compute_block,
-            "attn_logits_soft_cap": attn_logits_soft_cap,
-        },
-        static_argnames=[
-            "num_kv_pages_per_compute_block",
-            "num_queries_per_compute_block",
-            "attn_logits_soft_cap",
-        ],
+        options,
+        static_argnames=list(options),
         whole=True,
     )
     (out,) = torch_xla._XLAC._xla_tpu_custom_call(tensors, payload, [q.shape], [q.dtype])
@@ -748,8 +746,8 @@ def ragged_paged_attention(
         "v_scale": v_scale,
     }
     if not use_kernel:
-        _check_ragged_lengths(q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs)
-        return torch.cat(ragged_attention(*tensors, scores_dtype=None, **options))
+        _check_ragged_lengths(tensors)
+        return torch.cat(ragged_attention(tensors, scores_dtype=None, **options))
     interpreter().check_ragged_paged_attention(
         tensors,
         num_kv_pages_per_block=num_kv_pages_per_block,
@@ -757,21 +755,15 @@ def ragged_paged_attention(
         vmem_limit_bytes=vmem_limit_bytes,
         **options,
     )
-    rows = ragged_attention(*tensors, scores_dtype=torch.float32, **options)
+    rows = ragged_attention(tensors, scores_dtype=torch.float32, **options)
     written = sum(r.shape[0] for r in rows)
     rest = q.new_zeros((q.shape[0] - written, *q.shape[1:]))
     return torch.cat([*rows, rest])
 
 
-def _check_ragged_lengths(
-    q: torch.Tensor,
-    kv_pages: torch.Tensor,
-    kv_lens: torch.Tensor,
-    page_indices: torch.Tensor,
-    cu_q_lens: torch.Tensor,
-    num_seqs: torch.Tensor,
-) -> None:
+def _check_ragged_lengths(tensors: Sequence[torch.Tensor]) -> None:
     """torch_xla's run-time checks of the lengths (its ``ValueError`` texts)."""
+    q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs = tensors
     max_num_batched_tokens = q.shape[0]
     page_size = kv_pages.shape[1]
     max_num_seqs, pages_per_seq = page_indices.shape
@@ -798,12 +790,7 @@ def _check_ragged_lengths(
 
 
 def ragged_attention(
-    q: torch.Tensor,
-    kv_pages: torch.Tensor,
-    kv_lens: torch.Tensor,
-    page_indices: torch.Tensor,
-    cu_q_lens: torch.Tensor,
-    num_seqs: torch.Tensor,
+    tensors: Sequence[torch.Tensor],
     *,
     sm_scale: float,
     sliding_window: int | None,
@@ -824,7 +811,9 @@ def ragged_attention(
     ``soft_cap * tanh(s / soft_cap)``, masked with ``mask_value``; keys and values are first
     multiplied by ``k_scale`` / ``v_scale`` in float32 and rounded to ``q``'s dtype. The
     scores are computed in ``scores_dtype`` (the inputs' dtype for None) and the
-    probabilities rounded to the values' dtype before they weight them."""
+    probabilities rounded to the values' dtype before they weight them. ``tensors`` are
+    ``ragged_paged_attention``'s (q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs)."""
+    q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs = tensors
     page_size, combined_heads, head_dim = kv_pages.shape[1:]
     kv_heads = combined_heads // 2
     group = q.shape[1] // kv_heads
