@@ -328,3 +328,22 @@ def test_multi_queries_paged_attention(xlasim_sim, use_kernel, soft_cap):
         *(jnp.asarray(t.numpy()) for t in args), **blocks, attn_logits_soft_cap=soft_cap
     )
     torch.testing.assert_close(torch.from_numpy(np.array(direct)), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_ragged_paged_attention_op_by_op_needs_no_jax(xlasim_sim):
+    # torch_xla 2.9's use_kernel=False path is tensor ops only; through the xla:: op it runs
+    # as the program's own calls would, so at the TPU's default precision (float32 products
+    # from bfloat16-rounded inputs) it gives exactly what the direct call gives.
+    import torch_xla
+    from torch_xla.experimental.custom_kernel import ragged_paged_attention
+
+    seqs, args = _ragged_inputs()
+    dev = torch_xla.device()
+    on_device = [t.to(dev) for t in args]
+    out = torch.ops.xla.ragged_paged_attention(*on_device, sliding_window=4, use_kernel=False)
+    direct = ragged_paged_attention(*on_device, sliding_window=4, use_kernel=False)
+    assert out.shape == (9, 4, 8)
+    assert torch.equal(out.cpu(), direct.cpu())
+    q, kv_pages, _, page_indices, _, _ = args
+    expected = _ragged_written_out(seqs, q, kv_pages, page_indices, 1.0, 4, None)
+    torch.testing.assert_close(out.cpu(), expected, atol=5e-2, rtol=0)
