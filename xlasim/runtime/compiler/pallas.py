@@ -36,6 +36,7 @@ from jax.experimental.pallas.ops.tpu.paged_attention import (
 )
 from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel as jax_ragged_attention
 
+from xlasim.runtime import state
 from xlasim.runtime.compiler import multi_query_attention
 
 HANDLE_PREFIX = "xlasim-pallas-kernel:"
@@ -88,11 +89,30 @@ def to_torch(a: Any) -> torch.Tensor:
     return torch.from_numpy(array.copy())
 
 
-# JAX on the simulated TPU is JAX on the CPU: every Pallas TPU kernel of the process (the
-# caller's own JAX code too, e.g. a reference computed with JAX's flash attention) runs in
-# interpret mode, where a TPU would run it compiled. jax keeps this option in its private
-# config; its public form is only the thread-local context manager.
-jax_config.pallas_tpu_interpret_mode_context_manager.set_global(pltpu.InterpretParams())
+# Chips whose one device is two TensorCores (megacore): a kernel's grid dimensions marked
+# "parallel" are split over both, and a kernel written for that (JAX's paged attention in
+# its megacore modes) waits on both cores' DMAs, which one interpreted core never completes.
+_MEGACORE = frozenset({"v4", "v5p"})
+
+
+def follow_active_chip() -> None:
+    """Interprets every Pallas TPU kernel of the process with the cores of the active
+    simulation's device (one where none is active).
+
+    JAX on the simulated TPU is JAX on the CPU: every Pallas TPU kernel of the process (the
+    caller's own JAX code too, e.g. a reference computed with JAX's flash attention) runs in
+    interpret mode, where a TPU would run it compiled. jax keeps this option in its private
+    config (its public form is only the thread-local context manager); it is part of jax's
+    jit keys, so a kernel traced for one chip is traced again for another."""
+    runtime = state.active()
+    cores = 2 if runtime is not None and runtime.spec.accelerator in _MEGACORE else 1
+    wanted = pltpu.InterpretParams(num_cores_or_threads=cores)
+    setting = jax_config.pallas_tpu_interpret_mode_context_manager
+    if setting.get_global() != wanted:
+        setting.set_global(wanted)
+
+
+follow_active_chip()
 
 
 @dataclass(frozen=True)
@@ -187,6 +207,7 @@ def run(
     what the traced function does around it (a wrapper slicing or reshaping the kernel's
     outputs, as JAX's flash attention does) is not part of it."""
     traced = _kernel_of(payload)
+    follow_active_chip()
     function = jax.jit(
         traced.kernel,
         static_argnums=traced.static_argnums,
