@@ -347,3 +347,37 @@ def test_ragged_paged_attention_op_by_op_needs_no_jax(xlasim_sim):
     q, kv_pages, _, page_indices, _, _ = args
     expected = _ragged_written_out(seqs, q, kv_pages, page_indices, 1.0, 4, None)
     torch.testing.assert_close(out.cpu(), expected, atol=5e-2, rtol=0)
+
+
+def _paged_attention_in_modes():
+    # JAX's paged-attention kernel with and without its batch megacore mode, called from JAX after
+    # jax_import_guard (as a program does), over 2 key/value heads and 2 sequences.
+    from torch_xla.experimental.custom_kernel import jax_import_guard
+
+    jax_import_guard()
+    import jax.numpy as jnp
+    from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention_kernel
+
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(2, 4, 128, generator=g) * 0.05
+    pages = [torch.randn(2, 8, 16, 128, generator=g) for _ in range(2)]
+    page_indices = torch.randperm(8, generator=g).int().reshape(2, 4)
+    lengths = torch.tensor([7, 64], dtype=torch.int32)
+    args = [jnp.asarray(t.numpy()) for t in (q, *pages, lengths, page_indices)]
+    return {
+        mode: np.asarray(
+            paged_attention_kernel.paged_attention(
+                *args, pages_per_compute_block=2, megacore_mode=mode
+            )
+        )
+        for mode in ("batch", None)
+    }
+
+
+@pytest.mark.topology("2x2x1", accelerator="v4")
+def test_megacore_modes_run_on_a_megacore_chip(xlasim_sim):
+    # A v4 device is two TensorCores (megacore): the kernel's megacore modes split its work
+    # over them, which changes where it runs, not what it returns (JAX's paged attention).
+    need_tpu_compiler()
+    out = _paged_attention_in_modes()
+    np.testing.assert_allclose(out["batch"], out[None], atol=1e-6, rtol=0)
