@@ -158,6 +158,39 @@ def test_views_and_in_place_ops_share_memory(tpu: Any) -> None:
     assert t.add_(1) is t  # an in-place op returns its own tensor
 
 
+def test_arithmetic_mixes_devices_dtypes_and_autograd_as_on_cpu(tpu: Any) -> None:
+    # add/sub/mul/div and mm have unboxed kernels of their own; expected values are the CPU's.
+    a = torch.arange(6.0).reshape(2, 3)
+    ints = torch.arange(3)
+    on = a.to("tpu")
+    assert torch.equal((on + ints.to("tpu")).cpu(), a + ints)  # type promotion, broadcasting
+    assert torch.equal((on - torch.tensor(2.0)).cpu(), a - 2)  # a CPU scalar tensor
+    assert torch.equal(torch.sub(on, on, alpha=3).cpu(), torch.sub(a, a, alpha=3))
+    assert torch.equal((on / 4).cpu(), a / 4)
+    assert torch.equal((ints.to("tpu") * 2).cpu(), ints * 2)
+    assert torch.equal((on @ on.T).cpu(), a @ a.T)
+    view = on[:, 1]
+    assert view.mul_(10) is view
+    assert view.add_(on[:, 0], alpha=2) is view
+    expected = a.clone()
+    expected[:, 1].mul_(10).add_(expected[:, 0], alpha=2)
+    assert torch.equal(on.cpu(), expected)
+    x = torch.tensor([1.0, 2.0], device="tpu", requires_grad=True)
+    ((x * 2 + x) / x.detach().add(1)).sum().backward()
+    assert x.grad is not None and x.grad.device.type == "tpu"
+    assert torch.equal(x.grad.cpu(), torch.tensor([1.5, 1.0]))
+
+
+def test_set_shares_the_other_tensors_memory(tpu: Any) -> None:
+    target = torch.zeros(2, device="tpu")
+    source = torch.arange(4.0, device="tpu")
+    target.set_(source)
+    source.add_(1)
+    assert torch.equal(target.cpu(), torch.arange(4.0) + 1)
+    del source  # target keeps the memory alive
+    assert torch.equal((target * 1).cpu(), torch.arange(4.0) + 1)
+
+
 def test_out_tensors_are_resized(tpu: Any) -> None:
     out = torch.empty(0, device="tpu")
     a = torch.arange(6.0).reshape(2, 3)

@@ -201,7 +201,18 @@ def _swap_in(spec: SliceSpec) -> None:
     sys.meta_path.insert(0, _FINDER)
 
 
+def _restore_torch_gru() -> None:
+    # Importing the simulated torch_xla puts its scan-based GRU in torch.nn.GRU's place, as
+    # torch_xla does; outside the simulation torch's own comes back (the simulated class needs
+    # the simulated modules).
+    nn = sys.modules.get("torch.nn")
+    gru = getattr(nn, "GRU", None)
+    if getattr(gru, "__module__", "") == "torch_xla.experimental.gru":
+        nn.GRU = gru._orig  # type: ignore[union-attr]
+
+
 def _swap_out() -> None:
+    _restore_torch_gru()
     if _FINDER in sys.meta_path:
         sys.meta_path.remove(_FINDER)
     for name in [n for n in sys.modules if _is_simulated(n)]:

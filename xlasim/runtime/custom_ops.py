@@ -171,29 +171,12 @@ def set_device_kernel(op_name: str, kernel: Callable[..., Tensor]) -> None:
     _device_kernels[op_name] = kernel
 
 
-# The dispatch state a program's own calls run in (taken here: this module is imported once,
-# outside any op). A rule is called below autograd, where the simulated device's ops skip
-# what it does above it (its TPU rounding of float32 products among it).
-_PROGRAM_DISPATCH = (
-    torch._C._dispatch_tls_local_include_set(),
-    torch._C._dispatch_tls_local_exclude_set(),
-)
-
-
-def _on_device(op_name: str, as_program: bool) -> Callable[..., Tensor]:
-    """The rule running ``xla::<op_name>`` on simulated device tensors; ``as_program``: its
-    kernel is Python code of tensor ops (an attention), run as the program's own calls."""
-
+def _on_device(op_name: str) -> Callable[..., Tensor]:
     def rule(_mode: object, _func: object, _types: object, args: Any, kwargs: Any) -> Tensor:
         kernel = _device_kernels.get(op_name)
         if kernel is None:
-            raise RuntimeError(
-                f"xla::{op_name} needs the simulated torch_xla: import {_SURFACE[op_name]}"
-            )
-        if not as_program:
-            return kernel(*args, **kwargs)
-        with torch._C._ForceDispatchKeyGuard(*_PROGRAM_DISPATCH):
-            return kernel(*args, **kwargs)
+            raise RuntimeError(f"xla::{op_name} needs the simulated torch_xla: import torch_xla")
+        return kernel(*args, **kwargs)
 
     return rule
 
@@ -272,11 +255,91 @@ for _name, _schema in _KERNEL_SCHEMAS.items():
     _XLA_LIB.define(_schema)
     _XLA_LIB.impl(_name, _OFF_DEVICE[_name], "CompositeExplicitAutograd")
 
-# The surface module whose import installs each op's device kernel.
-_SURFACE = dict.fromkeys(("dynamo_mark_sharding", "dynamo_set_buffer_donor_"), "torch_xla") | (
-    dict.fromkeys(_KERNEL_SCHEMAS, "torch_xla.experimental.custom_kernel")
-)
-for _name in _SURFACE:
+for _name in ("dynamo_mark_sharding", "dynamo_set_buffer_donor_"):
     # Without a rule the op would reach its kernel with the tensors' CPU values.
-    _rule = _on_device(_name, as_program=_name in _KERNEL_SCHEMAS)
-    torch.library.register_torch_dispatch(f"xla::{_name}", XlaSimTensor, _rule)
+    torch.library.register_torch_dispatch(f"xla::{_name}", XlaSimTensor, _on_device(_name))
+
+
+# --- xla::quantized_matmul (torch_xla.experimental.xla_quantized_matmul) -------------------
+# torch_xla defines the op when that module is imported; a library op is defined once per
+# process, so it is defined here with torch_xla's schema and the module installs its kernels:
+# the host one (CompositeExplicitAutograd: CPU tensors, and fake tensors when dynamo traces)
+# and the device one.
+_XLA_LIB.define(
+    "quantized_matmul(Tensor x, Tensor w, Tensor scale, Tensor? zero_point=None, "
+    "int? block_size=-1, bool? int4_weight=False, bool? quantize_activation=False) -> Tensor"
+)
+
+_host_kernels: dict[str, Callable[..., Tensor]] = {}
+
+
+def set_host_kernel(op_name: str, kernel: Callable[..., Tensor]) -> None:
+    """``kernel`` runs ``xla::<op_name>`` on tensors that are not simulated device tensors."""
+    _host_kernels[op_name] = kernel
+
+
+def _on_host(op_name: str, module: str) -> Callable[..., Tensor]:
+    def run(*args: Any, **kwargs: Any) -> Tensor:
+        kernel = _host_kernels.get(op_name)
+        if kernel is None:
+            raise RuntimeError(f"xla::{op_name} needs the simulated {module}: import it")
+        return kernel(*args, **kwargs)
+
+    return run
+
+
+_XLA_LIB.impl(
+    "quantized_matmul",
+    _on_host("quantized_matmul", "torch_xla.experimental.xla_quantized_matmul"),
+    "CompositeExplicitAutograd",
+)
+
+
+def _device_entry(op_name: str) -> Callable[..., Tensor]:
+    host = _on_host(op_name, "torch_xla.experimental.xla_quantized_matmul")
+
+    def run(*args: Any, **kwargs: Any) -> Tensor:
+        if not isinstance(args[0], XlaSimTensor):
+            # dynamo's fake device tensors: torch_xla computes their shapes with the
+            # composite (host) kernel
+            return host(*args, **kwargs)
+        kernel = _device_kernels.get(op_name)
+        if kernel is None:
+            raise RuntimeError(
+                f"xla::{op_name} needs the simulated torch_xla.experimental.xla_quantized_matmul: "
+                "import it"
+            )
+        return kernel(*args, **kwargs)
+
+    return run
+
+
+# Device tensors take the kernel at their autograd key, where composite ops (linear, einsum)
+# still decompose into the products torch_xla lowers them to, as in the caller's own code;
+# below it (a torch_dispatch rule) they would reach the simulated tensors whole.
+_XLA_LIB.impl("quantized_matmul", _device_entry("quantized_matmul"), "AutogradXLA")
+
+
+def _kernel_entry(op_name: str) -> Callable[..., Tensor]:
+    """What ``xla::<op_name>`` (a custom_kernel op) runs at the device's autograd key: its
+    device kernel on simulated tensors, the off-device result on dynamo's fake ones."""
+    off_device = _OFF_DEVICE[op_name]
+
+    def run(*args: Any, **kwargs: Any) -> Tensor:
+        if not isinstance(args[0], XlaSimTensor):
+            return off_device(*args, **kwargs)
+        kernel = _device_kernels.get(op_name)
+        if kernel is None:
+            raise RuntimeError(
+                f"xla::{op_name} needs the simulated torch_xla.experimental.custom_kernel: "
+                "import it"
+            )
+        return kernel(*args, **kwargs)
+
+    return run
+
+
+# At the autograd key, as xla::quantized_matmul: the kernels' tensor ops (an attention)
+# dispatch as the caller's own code does, with the TPU's rounding of float32 products.
+for _name in _KERNEL_SCHEMAS:
+    _XLA_LIB.impl(_name, _kernel_entry(_name), "AutogradXLA")

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 import torch
 
+from xlasim.runtime import debug_analysis
 from xlasim.runtime.donation import BufferDonors
 from xlasim.runtime.errors import xla_type
 from xlasim.runtime.hbm import HBM, settle_all
@@ -552,14 +553,23 @@ class GraphCache:
             _compiled_precision(self.compiled[key])
         cached = self._lookup(key)
         site = _user_site()
+        analyzed = debug_analysis.level() > 0
+        if analyzed and not cached:
+            self._analyze(debug_analysis.COMPILATION, key, nodes)
         output_shardings = None
+        compiled = None
         if self.compiler is not None:
-            output_shardings = self.compiler.compile_graph(tensors, key, site).output_shardings
+            compiled = self.compiler.compile_graph(tensors, key, site)
+            output_shardings = compiled.output_shardings
         if sync_all:
             self.pending = []
         aliases = _alias_count(tensors, donate_ltc, [inputs[i] for i in user_donors])
         record = self._record(tensors, nodes, key, cached, site, start, eager, aliases)
         self.last_at_site[site] = record
+        if analyzed:
+            if not cached:
+                self._post_compilation(key, record, tensors, compiled)
+            self._analyze(debug_analysis.EXECUTION, key, nodes)
         self._run(record, tensors, spmd, start, eager, output_shardings, counted=True)
         if inputs:
             self.donors.donate(inputs, user_donors)
@@ -592,10 +602,49 @@ class GraphCache:
         key = hash(tuple(n.hash for n in nodes))
         cached = self._lookup(key)
         site = _user_site()
+        analyzed = debug_analysis.level() > 0 and not cached
+        if analyzed:
+            self._analyze(debug_analysis.COMPILATION, key, nodes)
+        compiled = None
         if self.compiler is not None:
-            self.compiler.compile_graph(tensors, key, site)
-        self.last_at_site[site] = self._record(tensors, nodes, key, cached, site, start, False, 0)
+            compiled = self.compiler.compile_graph(tensors, key, site)
+        record = self._record(tensors, nodes, key, cached, site, start, False, 0)
+        self.last_at_site[site] = record
+        if analyzed:
+            self._post_compilation(key, record, tensors, compiled)
         return key
+
+    # -- PT_XLA_DEBUG ------------------------------------------------------------------------
+    def _analyze(
+        self, prefix: str, key: int, nodes: list[Node], dynamo_execution: bool = False
+    ) -> None:
+        debug_analysis.graph_analysis(
+            prefix,
+            key,
+            debug_analysis.count_inputs(nodes),
+            len(nodes),
+            self.graph_name,
+            self.use_eager_mode,
+            dynamo_execution,
+        )
+
+    def _post_compilation(
+        self, key: int, record: GraphRecord, tensors: list[Any], compiled: CompiledGraph | None
+    ) -> None:
+        if compiled is not None:
+            sizes: tuple[int | None, ...] = (
+                compiled.argument_bytes,
+                compiled.output_bytes,
+                compiled.alias_bytes,
+                compiled.temp_bytes,
+                compiled.generated_code_bytes,
+            )
+        else:
+            # Without a real compiler only the inputs' and outputs' sizes are known.
+            inputs = sum(_nbytes(i.shape, i.dtype) for i in record.inputs)
+            outputs = sum(_nbytes(tuple(t.shape), t.dtype) for t in tensors)
+            sizes = (inputs, outputs, None, None, None)
+        debug_analysis.post_compilation_analysis(key, sizes, self.use_eager_mode)
 
     def run_cached(self, tensors: list[Any], key: int, *, spmd: bool) -> None:
         """Runs compiled graph ``key`` for ``tensors`` (the same program traced again on the
@@ -616,6 +665,9 @@ class GraphCache:
                     + "; ".join(_diff(record, GraphRecord(key, "", ops, inputs, len(tensors))))
                 )
         self.compiled.move_to_end(key)
+        if debug_analysis.level() > 0:
+            nodes = [t._node for t in tensors]
+            self._analyze(debug_analysis.EXECUTION, key, nodes, dynamo_execution=True)
         output_shardings = None
         if self.compiler is not None:
             output_shardings = self.compiler.compile_graph(
@@ -738,6 +790,13 @@ def _python_frames(limit: int) -> list[str]:
             frames.append(f"{code.co_name} ({code.co_filename}:{frame.f_lineno})")
         frame = frame.f_back  # type: ignore[assignment]
     return frames
+
+
+def _nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    n = dtype.itemsize
+    for d in shape:
+        n *= d
+    return n
 
 
 def _aliasing_on() -> bool:

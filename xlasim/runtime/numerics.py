@@ -158,6 +158,10 @@ def _dtype(a: Any, b: Any) -> torch.dtype | None:
     return a.dtype
 
 
+def _mixed_dtypes(a: Any, b: Any) -> bool:
+    return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype != b.dtype
+
+
 def _product(
     product: Callable[[Any, Any], Any],
     a: Any,
@@ -202,10 +206,20 @@ def _matmul(op: Any, level_of: Callable[[], str | None]) -> Callable[..., Any]:
     call = _plain(op)
 
     def run(a: Any, b: Any, *rest: Any, **kwargs: Any) -> Any:
+        mixed = _mixed_dtypes(a, b) and not rest and not kwargs
+        if mixed:
+            # torch_xla lowers a product of two dtypes to one dot of both (bf16 by s8 for a
+            # quantized weight): computed in their promoted dtype, the result in the first
+            # operand's (measured on torch_xla 2.9: s8 @ f32 gives s8, f32 @ s8 gives f32).
+            out_dtype = a.dtype
+            common = torch.promote_types(a.dtype, b.dtype)
+            a, b = a.to(common), b.to(common)
         out = None
         if not rest and not kwargs:
             out = _product(call, a, b, level_of(), dot=True)
-        return call(a, b, *rest, **kwargs) if out is None else out
+        if out is None:
+            out = call(a, b, *rest, **kwargs)
+        return out.to(out_dtype) if mixed else out
 
     return run
 

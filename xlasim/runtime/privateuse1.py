@@ -45,6 +45,7 @@ SOURCE = r"""
 #include <cstring>
 #include <string>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 namespace xlasim_tpu {
@@ -56,7 +57,16 @@ thread_local c10::DeviceIndex g_current = 0;
 std::atomic<int64_t> g_hbm{0};
 // Refuse what outgrows it, as PJRT's allocator does (xlasim.enforce_hbm, XLASIM_ENFORCE_HBM=1).
 std::atomic<bool> g_enforce{false};
-std::mutex g_stats_lock;
+// Every op result is counted in and out, so the statistics' lock is taken twice per op: a
+// spin lock (held for a few additions, almost never contended) costs a fraction of a mutex.
+struct SpinLock {
+  std::atomic_flag held = ATOMIC_FLAG_INIT;
+  void lock() {
+    while (held.test_and_set(std::memory_order_acquire)) std::this_thread::yield();
+  }
+  void unlock() { held.clear(std::memory_order_release); }
+};
+SpinLock g_stats_lock;
 c10::CachingDeviceAllocator::DeviceStats g_stats;
 
 void check_index(c10::DeviceIndex index) {
@@ -74,13 +84,16 @@ struct Block {
   c10::DataPtr owned;  // a CPU kernel's memory taken over, or empty for our own
   void* data;
   int64_t bytes;
+  // The CPU storage over these bytes that the fallback's CPU views share, made on first use
+  // and kept while the bytes live: an op on tpu tensors then makes no storage per argument.
+  std::atomic<c10::StorageImpl*> view{nullptr};
 };
 
 // What PyTorch's device allocators report, with nothing cached: every live block is both
 // allocated and reserved, one segment each.
 void count(int64_t bytes) {
   constexpr size_t all = 0;  // StatType::AGGREGATE
-  std::lock_guard<std::mutex> hold(g_stats_lock);
+  std::lock_guard<SpinLock> hold(g_stats_lock);
   for (auto* stat : {&g_stats.allocated_bytes[all], &g_stats.reserved_bytes[all],
                      &g_stats.active_bytes[all], &g_stats.requested_bytes[all]}) {
     if (bytes >= 0) stat->increase(bytes);
@@ -114,7 +127,7 @@ void reserve(int64_t n) {
   if (!g_enforce.load() || capacity <= 0) return;
   int64_t used;
   {
-    std::lock_guard<std::mutex> hold(g_stats_lock);
+    std::lock_guard<SpinLock> hold(g_stats_lock);
     used = g_stats.reserved_bytes[0].current;
   }
   TORCH_CHECK_WITH(OutOfMemoryError, used + n <= capacity,
@@ -126,6 +139,7 @@ void reserve(int64_t n) {
 void release(void* ctx) {
   Block* b = static_cast<Block*>(ctx);
   count(-b->bytes);
+  if (c10::StorageImpl* view = b->view.load()) c10::raw::intrusive_ptr::decref(view);
   if (!b->owned) c10::free_cpu(b->data);
   delete b;
 }
@@ -146,11 +160,11 @@ struct Allocator final : c10::DeviceAllocator {
   void emptyCache(c10::MempoolId_t) override {}  // nothing cached
   void recordStream(const c10::DataPtr&, c10::Stream) override {}
   c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex) override {
-    std::lock_guard<std::mutex> hold(g_stats_lock);
+    std::lock_guard<SpinLock> hold(g_stats_lock);
     return g_stats;
   }
   void resetAccumulatedStats(c10::DeviceIndex) override {
-    std::lock_guard<std::mutex> hold(g_stats_lock);
+    std::lock_guard<SpinLock> hold(g_stats_lock);
     for (auto* a : {&g_stats.allocated_bytes, &g_stats.reserved_bytes, &g_stats.active_bytes,
                     &g_stats.requested_bytes, &g_stats.allocation, &g_stats.segment,
                     &g_stats.active}) {
@@ -158,7 +172,7 @@ struct Allocator final : c10::DeviceAllocator {
     }
   }
   void resetPeakStats(c10::DeviceIndex) override {
-    std::lock_guard<std::mutex> hold(g_stats_lock);
+    std::lock_guard<SpinLock> hold(g_stats_lock);
     for (auto* a : {&g_stats.allocated_bytes, &g_stats.reserved_bytes, &g_stats.active_bytes,
                     &g_stats.requested_bytes, &g_stats.allocation, &g_stats.segment,
                     &g_stats.active}) {
@@ -170,7 +184,7 @@ struct Allocator final : c10::DeviceAllocator {
   // overrides it there all the same).
   std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex) {
     int64_t total = g_hbm.load();
-    std::lock_guard<std::mutex> hold(g_stats_lock);
+    std::lock_guard<SpinLock> hold(g_stats_lock);
     int64_t used = g_stats.reserved_bytes[0].current;
     return {static_cast<size_t>(std::max<int64_t>(total - used, 0)), static_cast<size_t>(total)};
   }
@@ -327,7 +341,13 @@ void matmul_class(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit
 void route(std::vector<std::string> emulated, std::vector<std::string> functional) {
   static torch::Library* lib = new torch::Library(
       torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__);
+  auto& dispatcher = c10::Dispatcher::singleton();
   for (const std::string& name : emulated) {
+    // mm has an unboxed router of its own (below): the most frequent of these ops.
+    size_t dot = name.find('.');
+    auto op = dispatcher.findOp(
+        {"aten::" + name.substr(0, dot), dot == std::string::npos ? "" : name.substr(dot + 1)});
+    if (op && op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) continue;
     lib->impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&matmul_class>());
   }
   for (const std::string& name : functional) {
@@ -378,6 +398,39 @@ at::Tensor cpu_view(const at::Tensor& t) {
   return v;
 }
 
+// The fallback's CPU view of tpu tensor t, over the CPU storage its bytes' block keeps (see
+// Block::view). Only for views that end with the op: the shared storage does not keep t's
+// bytes alive. Bytes that are not the allocator's, or a shared storage a kernel moved to other
+// memory (it then grew an out= argument), get a view of their own.
+at::Tensor shared_cpu_view(const at::Tensor& t) {
+  const c10::Storage& s = t.storage();
+  const c10::DataPtr& bytes = s.data_ptr();
+  if (bytes.get_deleter() != &release) return cpu_view(t);
+  Block* b = static_cast<Block*>(bytes.get_context());
+  c10::StorageImpl* view = b->view.load(std::memory_order_acquire);
+  if (view == nullptr) {
+    c10::StorageImpl* fresh =
+        c10::make_intrusive<c10::StorageImpl>(
+            c10::StorageImpl::use_byte_size_t(), s.nbytes(),
+            c10::DataPtr(b->data, c10::Device(c10::kCPU)), c10::GetCPUAllocator(),
+            /*resizable=*/true)
+            .release();
+    if (b->view.compare_exchange_strong(view, fresh, std::memory_order_acq_rel)) {
+      view = fresh;
+    } else {
+      c10::raw::intrusive_ptr::decref(fresh);  // another thread's is there: use that one
+    }
+  }
+  if (view->data_ptr().get() != b->data || view->nbytes() != s.nbytes()) return cpu_view(t);
+  at::Tensor v = at::detail::make_tensor<c10::TensorImpl>(
+      c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(view)),
+      c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
+  v.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  if (t.is_conj()) v._set_conj(true);
+  if (t.is_neg()) v._set_neg(true);
+  return v;
+}
+
 // A tpu storage owning the memory of CPU storage s, which gives it up (s is the fallback's
 // own: a fresh result, or a CPU view a kernel moved to new memory).
 c10::Storage take(const c10::Storage& s, c10::DeviceIndex index) {
@@ -397,9 +450,24 @@ at::Tensor adopt(const at::Tensor& cpu, c10::DeviceIndex index) {
   if (!cpu.defined()) return cpu;
   TORCH_CHECK(cpu.device().is_cpu(), "xlasim: expected a CPU tensor, got ", cpu.device());
   const c10::Storage& s = cpu.storage();
+  c10::TensorImpl* impl = cpu.unsafeGetTensorImpl();
   if (cpu.use_count() == 1 && s.use_count() == 1 && s.data_ptr().get_deleter() != nullptr &&
-      s.data_ptr().device().is_cpu()) {
-    return over(take(s, index), cpu, cpu);
+      s.data_ptr().device().is_cpu() && impl->allow_tensor_metadata_change()) {
+    // The result becomes the tpu tensor itself: its storage's bytes change hands to the
+    // device's allocator and its dispatch keys move to the tpu (no new tensor or storage, the
+    // cheapest an op's result can be).
+    c10::StorageImpl* storage = s.unsafeGetStorageImpl();
+    int64_t n = static_cast<int64_t>(storage->nbytes());
+    reserve(n);
+    c10::DataPtr old = storage->set_data_ptr(c10::DataPtr(nullptr, c10::Device(c10::kCPU)));
+    void* data = old.get();
+    count(n);
+    Block* b = new Block{std::move(old), data, n};
+    storage->set_data_ptr_noswap(c10::DataPtr(data, b, &release, here(index)));
+    storage->set_allocator(&g_allocator);
+    impl->set_storage_keep_dtype(s);
+    impl->_change_backend_component_keys(here(index));
+    return cpu;
   }
   c10::OptionalDeviceGuard guard(here(index));
   at::Tensor t = at::detail::empty_strided_generic(
@@ -431,7 +499,9 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
       dtype.value_or(at::get_default_dtype_as_scalartype()));
 }
 
-at::Tensor host(const at::Tensor& t) { return t.device().type() == kTpu ? cpu_view(t) : t; }
+at::Tensor host(const at::Tensor& t) {
+  return t.device().type() == kTpu ? shared_cpu_view(t) : t;
+}
 
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool) {
   host(dst).copy_(host(self));
@@ -457,6 +527,7 @@ struct Arg {
   at::Tensor tpu;
   at::Tensor cpu;
   const void* data;  // where the CPU view's bytes were when the kernel started
+  const c10::StorageImpl* origin;  // the CPU view's storage then
   bool written;
 };
 
@@ -491,8 +562,8 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   auto to_cpu = [&](const at::Tensor& t, bool written) -> at::Tensor {
     if (!t.defined() || t.device().type() != kTpu) return t;
     if (!index) index = t.device().index();
-    at::Tensor v = cpu_view(t);
-    args.push_back(Arg{t, v, v.storage().data(), written});
+    at::Tensor v = shared_cpu_view(t);
+    args.push_back(Arg{t, v, v.storage().data(), v.storage().unsafeGetStorageImpl(), written});
     return v;
   };
 
@@ -544,8 +615,19 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     if (!a.written) continue;
     c10::TensorImpl* tpu = a.tpu.unsafeGetTensorImpl();
     if (a.cpu.storage().data() != a.data) {
-      c10::Storage moved = take(a.cpu.storage(), device);
-      tpu->set_storage_keep_dtype(moved);
+      // An argument over other bytes whose storage the kernel set this one to (set_): the
+      // tpu tensor takes that argument's tpu storage. Otherwise the kernel grew it into new
+      // memory, which the tpu takes over.
+      const c10::StorageImpl* now = a.cpu.storage().unsafeGetStorageImpl();
+      const Arg* source = nullptr;
+      for (const Arg& o : args) {
+        if (o.origin == now && o.origin != a.origin) source = &o;
+      }
+      if (source != nullptr) {
+        tpu->set_storage_keep_dtype(source->tpu.storage());
+      } else {
+        tpu->set_storage_keep_dtype(take(a.cpu.storage(), device));
+      }
       // The CPU view's storage is empty now; results aliasing it map to a.tpu below.
     }
     if (tpu->sizes() != a.cpu.sizes() || tpu->strides() != a.cpu.strides() ||
@@ -588,6 +670,46 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
       iv = out;
     }
   }
+}
+
+// Unboxed kernels for the elementwise arithmetic a training step calls most, the same CPU
+// kernels the fallback would run. A boxed call copies each tensor argument onto the
+// dispatcher's stack, and from torch 2.13 on, a second C++ reference to a tensor that Python
+// holds takes the GIL to keep its Python object alive: two round trips through the GIL per
+// argument, the largest part of a tiny op's cost on the fallback.
+c10::DeviceIndex index_of(const at::Tensor& a, const at::Tensor& b) {
+  return (a.device().type() == kTpu ? a : b).device().index();
+}
+
+template <at::Tensor (*Cpu)(const at::Tensor&, const at::Tensor&, const at::Scalar&)>
+at::Tensor with_alpha(const at::Tensor& a, const at::Tensor& b, const at::Scalar& alpha) {
+  return adopt(Cpu(host(a), host(b), alpha), index_of(a, b));
+}
+
+template <at::Tensor& (*Cpu)(at::Tensor&, const at::Tensor&, const at::Scalar&)>
+at::Tensor& with_alpha_(at::Tensor& a, const at::Tensor& b, const at::Scalar& alpha) {
+  at::Tensor view = host(a);
+  Cpu(view, host(b), alpha);
+  return a;
+}
+
+template <at::Tensor (*Cpu)(const at::Tensor&, const at::Tensor&)>
+at::Tensor plain(const at::Tensor& a, const at::Tensor& b) {
+  return adopt(Cpu(host(a), host(b)), index_of(a, b));
+}
+
+template <at::Tensor& (*Cpu)(at::Tensor&, const at::Tensor&)>
+at::Tensor& plain_(at::Tensor& a, const at::Tensor& b) {
+  at::Tensor view = host(a);
+  Cpu(view, host(b));
+  return a;
+}
+
+at::Tensor mm(const at::Tensor& a, const at::Tensor& b) {
+  if (g_emulate.load()) {
+    return at::_ops::mm::redispatch(c10::DispatchKeySet(c10::DispatchKey::PrivateUse3), a, b);
+  }
+  return plain<&at::_ops::mm::call>(a, b);
 }
 
 // Copies of tensors with the conjugate or negative bit. PyTorch resolves a bit by cloning,
@@ -656,6 +778,15 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from", &xlasim_tpu::copy_from);
   m.impl("_copy_from_and_resize", &xlasim_tpu::copy_from_and_resize);
   m.impl("resize_", &xlasim_tpu::resize_);
+  m.impl("add.Tensor", &xlasim_tpu::with_alpha<&at::_ops::add_Tensor::call>);
+  m.impl("sub.Tensor", &xlasim_tpu::with_alpha<&at::_ops::sub_Tensor::call>);
+  m.impl("mul.Tensor", &xlasim_tpu::plain<&at::_ops::mul_Tensor::call>);
+  m.impl("div.Tensor", &xlasim_tpu::plain<&at::_ops::div_Tensor::call>);
+  m.impl("mm", &xlasim_tpu::mm);
+  m.impl("add_.Tensor", &xlasim_tpu::with_alpha_<&at::_ops::add__Tensor::call>);
+  m.impl("sub_.Tensor", &xlasim_tpu::with_alpha_<&at::_ops::sub__Tensor::call>);
+  m.impl("mul_.Tensor", &xlasim_tpu::plain_<&at::_ops::mul__Tensor::call>);
+  m.impl("div_.Tensor", &xlasim_tpu::plain_<&at::_ops::div__Tensor::call>);
 }
 
 TORCH_LIBRARY_IMPL(aten, Conjugate, m) {

@@ -21,6 +21,7 @@ import torch
 from xlasim.runtime import dry_run, memory
 from xlasim.runtime import errors as _errors
 from xlasim.runtime import graph as _graph
+from xlasim.runtime import graph_limit as _graph_limit
 from xlasim.runtime import legacy_bf16 as _legacy_bf16
 from xlasim.runtime import numerics as _numerics
 from xlasim.runtime import state as _runtime
@@ -718,6 +719,8 @@ def _run(info: _OpInfo, args: Any, kwargs: Any) -> Any:
         )
         t = _new(out, device, node, runtime)
         pending.append(weakref.ref(t))
+        if _graph_limit.ACTIVE:
+            _graph_limit.record(node.hash, _graph_limit.node_text(info.op, out))
         return t
     if isinstance(out, (tuple, list)):
         elems = {id(w._elem): w for w in wrappers}
@@ -929,6 +932,8 @@ def _update(
         add_custom_sharding(w, "Sharding", w._sharding, tuple(o.shape))
         w._rt.metrics.inc("SetShardingSpec")  # the result keeps the tensor's spec
     pending.append(weakref.ref(w))
+    if _graph_limit.ACTIVE:
+        _graph_limit.record(w._node.hash, _graph_limit.node_text(func, o))
     return w
 
 
@@ -989,6 +994,12 @@ def add_optimization_barrier(tensors: list[XlaSimTensor]) -> None:
             t.shape,
         )
         rt.graphs.pending.append(weakref.ref(t))
+    if _graph.EAGER_SEEN and rt.graphs.use_eager_mode:
+        # eager mode runs the barrier at once, a graph per tensor as each gets its new value
+        # (measured on torch_xla 2.9: two tensors, two EagerOpCompileTime samples, and two
+        # more EagerOpExecuteTime ones but no compile when the barrier is repeated)
+        for t in tensors:
+            _run_eagerly(rt.graphs, t)
 
 
 _no_functionalization = False

@@ -21,6 +21,7 @@ import torch
 from xlasim.runtime import (
     buffer_donation,
     graph_inputs,
+    graph_limit,
     ir_scopes,
     ir_text,
     manual,
@@ -1042,6 +1043,40 @@ def _xla_dot_general(
     b = b.permute(*rb, *rc, *rf).reshape(size(rhs, rb), size(rhs, rc), size(rhs, rf))
     shape = [lhs.shape[d] for d in lb] + [lhs.shape[d] for d in lf] + [rhs.shape[d] for d in rf]
     return torch.bmm(a, b).reshape(shape).to(out_dtype)
+
+
+def _xla_cast_int4(weight: Any, int4_values: Sequence[int]) -> torch.Tensor:
+    """``weight`` reinterpreted as int4: torch_xla makes an s4 constant of ``int4_values``
+    (``weight``'s values, flattened) and hands it back as an int8 tensor of ``weight``'s
+    shape. The simulated device keeps the values in int8, which holds every int4 value."""
+    t = xla_tensor(weight)
+    values = [int(v) for v in int4_values]
+    if any(v < -8 or v > 7 for v in values):
+        raise NotImplementedError(
+            "xlasim does not simulate _xla_cast_int4 of values outside int4's range [-8, 7]"
+        )
+    host = torch.tensor(values, dtype=torch.int8).reshape(t.shape)
+    return host.to(t.device)
+
+
+def _dynamic_shape_detector_start_session(session_id: str) -> None:
+    graph_limit.start_session(session_id)
+
+
+def _dynamic_shape_detector_end_session() -> None:
+    graph_limit.end_session()
+
+
+def _dynamic_shape_detector_remove_session(session_id: str) -> None:
+    graph_limit.remove_session(session_id)
+
+
+def _dynamic_shape_detector_set_max_different_graphs(max_different_graphs: int) -> None:
+    graph_limit.set_max_different_graphs(max_different_graphs)
+
+
+def _dynamic_shape_detector_get_max_different_graphs() -> int:
+    return graph_limit.max_different_graphs()
 
 
 def __getattr__(name: str) -> Any:

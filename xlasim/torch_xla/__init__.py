@@ -5,6 +5,10 @@ from typing import Any
 
 import torch  # noqa: F401 - real torch_xla imports torch first as well
 
+# Real torch_xla's import loads torch.export (through torch_xla.stablehlo, lazy here), which
+# registers torch.ops.quantized_decomposed; code quantizing weights for torch_xla calls it.
+import torch.ao.quantization.fx._decomposed  # noqa: F401
+
 from xlasim.runtime import dynamo_tensors
 
 from . import (

@@ -3,8 +3,8 @@
 torch_xla swaps in its own gradient clipping (keeping the original as ``_orig``): the norm and
 the clipping stay on the device as xla ops, ``foreach=True`` is refused, and with no gradient
 at all the zero norm it returns is an xla tensor (torch's is a CPU one). torch_xla also swaps
-``torch.nn.GRU`` for its scan-based GRU (``torch_xla.experimental.gru``), which the simulator
-does not have: ``nn.GRU`` stays torch's.
+``torch.nn.GRU`` for its scan-based GRU (``torch_xla.experimental.gru``), torch's kept as
+``_orig``; each import of the simulated torch_xla puts in its own.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch_xla.experimental.gru import GRU
 
 
 def clip_grad_norm_(
@@ -72,3 +73,5 @@ def _replace(original: Callable[..., Any], replacement: Callable[..., Any]) -> C
 def _apply_patches() -> None:
     if getattr(nn.utils.clip_grad_norm_, "_orig", None) is None:
         nn.utils.clip_grad_norm_ = _replace(nn.utils.clip_grad_norm_, clip_grad_norm_)
+    GRU._orig = getattr(nn.GRU, "_orig", None) or nn.GRU
+    nn.GRU = GRU  # type: ignore[misc]

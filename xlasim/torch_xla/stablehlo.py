@@ -10,10 +10,11 @@ The StableHLO text and bytecode of a program come from jax's lowering of the sam
 asking for them raises ``NotImplementedError`` naming the extra.  They are made when first
 asked for, so exporting and running never need the extra.
 
-Differences from torch_xla, all in bookkeeping: the program's inputs are listed in the graph's
-placeholder order (torch_xla lists them in the order its trace first reads them), and every
-state the graph reads (parameters, buffers, lifted constants) is in the bundle's ``state_dict``
-(``additional_constants`` stays empty: nothing is traced, so no constant is made on the way).
+The program's inputs are in torch_xla's order, the one its trace finishes them in (a walk of
+the graph from the outputs); with ``inline_all_constant=False`` the scalar operands other than
+0 and 1 are inputs too, kept in the bundle's ``additional_constants``.  Difference from
+torch_xla, in bookkeeping: every state the graph reads (parameters, buffers, lifted constant
+tensors) is in the bundle's ``state_dict`` (torch_xla makes some of them trace constants).
 """
 
 from __future__ import annotations
@@ -155,15 +156,96 @@ class StableHLOModelBundle:
 class _Program:
     """What the simulator runs for one function: the decomposed exported program, and the
     Python values export fixed for its non-tensor placeholders (placeholder position -> value);
-    ``module`` is its graph cut down to the outputs the caller gets."""
+    ``module`` is its graph cut down to the outputs the caller gets, and ``order`` the positions
+    of the placeholders that are the program's inputs, in the program's order. Without
+    ``inline_all_constant`` the scalar operands other than 0 and 1 are inputs too: ``lifted``
+    holds their values by the position of the placeholder each became."""
 
     exported: ExportedProgram
     fixed: dict[int, Any]
     lower_text: bool
+    inline_all_constant: bool = True
+    # Namespaces of the ops written as custom calls (custom_ops_allowed_in_graph).
+    custom_namespaces: frozenset[str] = frozenset()
     module: torch.fx.GraphModule = field(init=False)
+    lifted: dict[int, np.ndarray] = field(init=False)
+    order: list[int] = field(init=False)
 
     def __post_init__(self) -> None:
         self.module = _returned_only(self.exported)
+        self.lifted = {} if self.inline_all_constant else _lift_scalars(self.module)
+        self.order = _program_order(self.module, self.fixed)
+
+
+# Scalars torch_xla keeps in the module when it makes the others inputs.
+_SPECIAL_SCALARS = (0, 1)
+
+
+def _lift_scalars(module: torch.fx.GraphModule) -> dict[int, np.ndarray]:
+    """Each Python number an op takes as a tensor operand, other than 0 and 1, becomes a new
+    placeholder of a 0-d tensor of the op's result type (``sub(x, 5)`` on float32 ``x``: a
+    float32 input); returns their values by placeholder position."""
+    graph = module.graph
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    lifted: dict[int, np.ndarray] = {}
+    for node in list(graph.nodes):
+        schema = getattr(node.target, "_schema", None)
+        if node.op != "call_function" or schema is None:
+            continue
+        tensors = [a.meta["val"] for a in node.all_input_nodes if "val" in a.meta]
+        args = list(node.args)
+        for i, (arg, spec) in enumerate(zip(args, schema.arguments, strict=False)):
+            number = isinstance(arg, (int, float)) and not isinstance(arg, bool)
+            if not number or not isinstance(spec.type, torch.TensorType):
+                continue
+            if arg in _SPECIAL_SCALARS:
+                continue
+            dtype = torch.result_type(tensors[0], arg) if tensors else torch.get_default_dtype()
+            value = torch.tensor(arg, dtype=dtype)
+            with graph.inserting_after(placeholders[-1]):
+                placeholder = graph.placeholder(f"_scalar_{len(lifted)}")
+            placeholder.meta["val"] = value
+            placeholders.append(placeholder)
+            lifted[len(placeholders) - 1] = value.numpy()
+            args[i] = placeholder
+        node.args = tuple(args)
+    module.recompile()
+    return lifted
+
+
+def _ir_operands(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """``node``'s operands in the order of torch_xla's IR node for its op: ``addmm`` takes its
+    two matrices first, then the bias (measured: a Linear layer's program takes the bias first,
+    then the weight, then the input)."""
+    if node.target is torch.ops.aten.addmm.default:
+        bias, mat1, mat2 = node.args[:3]
+        return [a for a in (mat1, mat2, bias) if isinstance(a, torch.fx.Node)]
+    return node.all_input_nodes
+
+
+def _program_order(module: torch.fx.GraphModule, fixed: dict[int, Any]) -> list[int]:
+    """The placeholder positions of the program's inputs in torch_xla's order: its trace walks
+    the graph depth first from each output in turn, an op's last operand first, and numbers
+    the inputs as the walk finishes them (``sub(x, y)`` takes ``y`` as its first input)."""
+    placeholders = [n for n in module.graph.nodes if n.op == "placeholder"]
+    position = {node: i for i, node in enumerate(placeholders)}
+    output = next(n for n in module.graph.nodes if n.op == "output")
+    order: list[int] = []
+    seen: set[torch.fx.Node] = set()
+    for root in output.all_input_nodes:
+        stack: list[tuple[torch.fx.Node, bool]] = [(root, False)]
+        while stack:
+            node, finished = stack.pop()
+            if finished:
+                if node in position and position[node] not in fixed:
+                    order.append(position[node])
+                continue
+            if node in seen:
+                continue
+            seen.add(node)
+            stack.append((node, True))
+            stack.extend((operand, False) for operand in _ir_operands(node))
+    return order
 
 
 def _returned_only(exported: ExportedProgram) -> torch.fx.GraphModule:
@@ -196,6 +278,25 @@ class XLAExportInterpreter(torch.fx.Interpreter):
         self.custom_ops_allowed_in_graph = custom_ops_allowed_in_graph or set()
         self.gm_serializer = gm_serializer
         self.tensor_id_to_dynamic_dims: dict[int, list[int]] = {}
+        # Set while checking the program can be captured: a custom call's results are then
+        # empty tensors of its shapes (that trace is dropped, never read).
+        self.stand_in_custom_calls = False
+
+    def run_node(self, n: torch.fx.Node) -> Any:
+        target = n.target
+        namespace = getattr(target, "namespace", None)
+        if n.op == "call_function" and namespace in self.custom_ops_allowed_in_graph:
+            if not self.stand_in_custom_calls:
+                raise NotImplementedError(
+                    f"xlasim: running the custom call {target} (an op of "
+                    "custom_ops_allowed_in_graph, a stablehlo.custom_call in the program) is "
+                    "not simulated: its kernel is the backend's"
+                )
+            value = n.meta["val"]
+            values = [value] if isinstance(value, torch.Tensor) else list(value)
+            empty = [torch.empty(v.shape, dtype=v.dtype, device=self._device) for v in values]
+            return empty[0] if isinstance(value, torch.Tensor) else tuple(empty)
+        return super().run_node(n)
 
     def call_function(self, target: Any, args: Any, kwargs: dict[str, Any]) -> Any:
         kwargs = dict(kwargs)
@@ -220,19 +321,17 @@ def _on_device(value: Any, device: torch.device) -> Any:
     return value
 
 
-def _trace(program: _Program, call_args: list[Any]) -> list[Any]:
+def _trace(program: _Program, call_args: list[Any], stand_ins: bool = False) -> list[Any]:
     """The program's outputs, pending on the device."""
     device = torch_xla.device()
     placeholders = sum(1 for n in program.module.graph.nodes if n.op == "placeholder")
-    given = iter(call_args)
-    values = [
-        program.fixed[i] if i in program.fixed else _on_device(next(given), device)
-        for i in range(placeholders)
-    ]
+    values = [program.fixed.get(i) for i in range(placeholders)]
+    for position, arg in zip(program.order, call_args, strict=True):
+        values[position] = _on_device(arg, device)
     with torch.no_grad():
-        outputs = XLAExportInterpreter(program.module, device).run(
-            *values, enable_io_processing=False
-        )
+        interpreter = XLAExportInterpreter(program.module, device, set(program.custom_namespaces))
+        interpreter.stand_in_custom_calls = stand_ins
+        outputs = interpreter.run(*values, enable_io_processing=False)
     return list(outputs)
 
 
@@ -288,7 +387,7 @@ class StableHLOGraphModule:
         func = self._name_to_stablehlo[method_name]
         program = self._programs.get(method_name)
         if func.bytecode is None and program is not None:
-            func.bytecode, text = _lower(program, func.meta)
+            func.bytecode, text = _lower(program)
             if program.lower_text:
                 func.text = text
         return func
@@ -314,7 +413,14 @@ class StableHLOGraphModule:
             torch.export.save(program.exported, os.path.join(functions, name + _PROGRAM_SUFFIX))
             fixed = os.path.join(functions, name + _PROGRAM_SUFFIX + ".fixed")
             with open(fixed, "w") as f:
-                json.dump({str(k): v for k, v in program.fixed.items()}, f)
+                json.dump(
+                    {
+                        "fixed": {str(k): v for k, v in program.fixed.items()},
+                        "inline_all_constant": program.inline_all_constant,
+                        "custom_ops_allowed_in_graph": sorted(program.custom_namespaces),
+                    },
+                    f,
+                )
 
     @classmethod
     def load(cls, directory_path: str | os.PathLike) -> StableHLOGraphModule:
@@ -324,9 +430,16 @@ class StableHLOGraphModule:
             path = os.path.join(functions, func.meta.name + _PROGRAM_SUFFIX)
             if os.path.exists(path):
                 with open(path + ".fixed") as f:
-                    fixed = {int(k): v for k, v in json.load(f).items()}
+                    saved = json.load(f)
+                if "fixed" not in saved:  # saved before the export options were kept
+                    saved = {"fixed": saved}
+                fixed = {int(k): v for k, v in saved["fixed"].items()}
                 module._programs[func.meta.name] = _Program(
-                    torch.export.load(path), fixed, func.text is not None
+                    torch.export.load(path),
+                    fixed,
+                    func.text is not None,
+                    saved.get("inline_all_constant", True),
+                    frozenset(saved.get("custom_ops_allowed_in_graph", ())),
                 )
         return module
 
@@ -334,19 +447,18 @@ class StableHLOGraphModule:
         return self.evaluate(self._default_method, args)
 
 
-def _lower(program: _Program, meta: StableHLOFunctionMeta) -> tuple[bytes, str]:
+def _lower(program: _Program) -> tuple[bytes, str]:
     # The compiler layer imports jax: only a program that asks for its StableHLO loads it.
     lowering = tpu_compiler_layer(
         "xlasim.runtime.compiler.stablehlo",
         "xlasim: StableHLO text and bytecode come from jax's lowering of the exported graph",
     )
-    dynamic = [s for s in meta.input_signature if s.dynamic_dims]
-    if dynamic:
-        raise NotImplementedError(
-            "xlasim: StableHLO of a program with dynamic input dimensions is not simulated"
-        )
-    inputs = [(s.shape, getattr(torch, s.dtype)) for s in meta.input_signature]
-    lowered = lowering.lower_graph(program.module, program.fixed, inputs)
+    placeholders = [n for n in program.module.graph.nodes if n.op == "placeholder"]
+    examples = [placeholders[i].meta["val"] for i in program.order]
+    inputs = [(_symbolic_shape(example), example.dtype) for example in examples]
+    lowered = lowering.lower_graph(
+        program.module, program.fixed, program.order, inputs, program.custom_namespaces
+    )
     return lowered.bytecode, lowered.text
 
 
@@ -366,12 +478,26 @@ def _run_decompositions(exported_model: ExportedProgram) -> ExportedProgram:
     return exported_model.run_decompositions(table)
 
 
-def _signature(value: Any) -> VariableSignature:
+def _symbolic_shape(example: torch.Tensor) -> list[int | str]:
+    """An input's shape with each dynamic dimension as the expression of export's symbols."""
+    return [d if isinstance(d, int) else str(d.node.expr) for d in example.shape]
+
+
+def _signature(value: Any, output: bool = False) -> VariableSignature:
+    """torch_xla's signature of an input or output: a dynamic dimension has the example's size
+    and, for an input only, is listed in ``dynamic_dims`` (torch_xla reads outputs off its
+    trace of the example)."""
     if isinstance(value, torch.Tensor):
         dims = [i for i, d in enumerate(value.shape) if not isinstance(d, int)]
-        shape = [d if isinstance(d, int) else -1 for d in value.shape]
-        return VariableSignature(shape, str(value.dtype).removeprefix("torch."), dims)
+        shape = [d if isinstance(d, int) else _example_size(d) for d in value.shape]
+        dtype = str(value.dtype).removeprefix("torch.")
+        return VariableSignature(shape, dtype, [] if output else dims)
     return VariableSignature([], type(value).__name__)
+
+
+def _example_size(size: torch.SymInt) -> int:
+    hint = size.node.hint
+    return int(hint) if hint is not None else -1
 
 
 def _inputs_read(outputs: list[Any]) -> set[torch.fx.Node]:
@@ -396,11 +522,6 @@ def _exported_program_to_stablehlo_bundle(
     exported_model = _run_decompositions(exported_model)
     if options is None:
         options = StableHLOExportOptions()
-    if options.custom_ops_allowed_in_graph:
-        raise NotImplementedError(
-            "xlasim: StableHLOExportOptions.custom_ops_allowed_in_graph (ops exported as "
-            "stablehlo.custom_call) is not simulated"
-        )
     if options.export_node_metadata:
         raise NotImplementedError(
             "xlasim: StableHLOExportOptions.export_node_metadata is not simulated"
@@ -417,8 +538,7 @@ def _exported_program_to_stablehlo_bundle(
     user_position = 0
     fixed: dict[int, Any] = {}
     state_dict: dict[str, Any] = {}
-    input_locations: list[InputLocation] = []
-    input_signature: list[VariableSignature] = []
+    inputs: dict[int, tuple[InputLocation, VariableSignature]] = {}
     unused_inputs: list[tuple[InputLocation, VariableSignature]] = []
     for position, (node, spec) in enumerate(
         zip(placeholders, exported_model.graph_signature.input_specs, strict=True)
@@ -443,10 +563,22 @@ def _exported_program_to_stablehlo_bundle(
             raise NotImplementedError(
                 f"xlasim: exporting a program with a {spec.kind.name} input is not simulated"
             )
-        input_locations.append(location)
-        input_signature.append(_signature(example))
+        inputs[position] = (location, _signature(example))
 
-    output_signature = [_signature(o.meta.get("val")) for o in kept]
+    program = _Program(
+        exported_model,
+        fixed,
+        options.include_human_readable_text,
+        options.inline_all_constant,
+        frozenset(options.custom_ops_allowed_in_graph),
+    )
+    constants = [program.lifted[i] for i in program.order if i in program.lifted]
+    for index, position in enumerate(i for i in program.order if i in program.lifted):
+        value = program.lifted[position]
+        inputs[position] = (InputLocation.constant(index), _signature(torch.from_numpy(value)))
+    input_locations = [inputs[i][0] for i in program.order]
+    input_signature = [inputs[i][1] for i in program.order]
+    output_signature = [_signature(o.meta.get("val"), output=True) for o in kept]
     meta = StableHLOFunctionMeta(
         name="forward",
         stablehlo_version="0.0.0",
@@ -460,27 +592,31 @@ def _exported_program_to_stablehlo_bundle(
     exported_state = {k: _numpy(v) for k, v in state_dict.items()} if options.export_weights else {}
     bundle = StableHLOModelBundle(
         state_dict=exported_state,
-        additional_constants=[],
+        additional_constants=constants,
         stablehlo_funcs=[StableHLOFunc(meta, None, None)],
     )
-    return bundle, _Program(exported_model, fixed, options.include_human_readable_text)
+    return bundle, program
 
 
-def _check_capturable(program: _Program, meta: StableHLOFunctionMeta) -> None:
+def _check_capturable(
+    program: _Program, meta: StableHLOFunctionMeta, constants: list[np.ndarray]
+) -> None:
     """torch_xla traces the program on its example inputs when it exports it, and refuses a
     program with an op it would run on the CPU; the trace is dropped, never run."""
     exported = program.exported
     args, _ = exported.example_inputs
     user = pytree.tree_leaves(args)
     states = {**exported.state_dict, **exported.constants}
-    call_args = [
-        user[loc.position] if loc.type_ == VariableType.INPUT_ARG else states[loc.name]
-        for loc in meta.input_locations
-    ]
+    sources = {
+        VariableType.INPUT_ARG: lambda loc: user[loc.position],
+        VariableType.PARAMETER: lambda loc: states[loc.name],
+        VariableType.CONSTANT: lambda loc: constants[loc.position],
+    }
+    call_args = [sources[loc.type_](loc) for loc in meta.input_locations]
     torch_xla.sync()
     xm.wait_device_ops()
     metrics.clear_counters()
-    outputs = _trace(program, call_args)
+    outputs = _trace(program, call_args, stand_ins=True)
     del outputs
     fallback_ops = metrics.executed_fallback_ops()
     if fallback_ops:
@@ -497,7 +633,7 @@ def exported_program_to_stablehlo(
     """A callable with ``exported_model``'s calling convention that runs its program on the
     (simulated) XLA device."""
     bundle, program = _exported_program_to_stablehlo_bundle(exported_model, options)
-    _check_capturable(program, bundle.stablehlo_funcs[0].meta)
+    _check_capturable(program, bundle.stablehlo_funcs[0].meta, bundle.additional_constants)
     module = StableHLOGraphModule(bundle)
     module._programs[module._default_method] = program
     return module

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import uuid
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -68,12 +70,15 @@ def compile(
     """Traces ``f`` (or the ``with`` body) into graphs with eager mode off, syncing before and
     after; ``full_graph`` makes any execution before the closing sync an error (torch_xla's
     RuntimeError), so the traced region is one graph."""
-    if max_different_graphs is not None:
-        raise NotImplementedError(
-            "xlasim does not simulate torch_xla.compile(max_different_graphs=...)"
-        )
     if name is None and f is not None:
         name = getattr(f, "__name__", None) or str(f)
+    # The dynamic-shape detector's session: one per function while it lives (a new function
+    # that reuses a dead one's id starts afresh), one per use of the context manager.
+    session = f"{name}_{id(f)}" if f is not None else str(uuid.uuid4())
+    if session not in _compiled_functions:
+        _XLAC._dynamic_shape_detector_remove_session(session)
+    if f is not None:
+        _compiled_functions[session] = f
 
     @contextlib.contextmanager
     def _compile():
@@ -85,19 +90,34 @@ def compile(
         _XLAC._set_use_eager_mode(False)
         if name is not None:
             _XLAC._set_current_graph_name(f"{name}_clear_pending")
-        sync()  # what was pending before the call is not part of the compiled graph
+        _clear_pending_ops_before_compile()
         if name is not None:
             _XLAC._set_current_graph_name(name)
         _XLAC._set_allow_execution(not full_graph)
+        if max_different_graphs is not None:
+            _XLAC._dynamic_shape_detector_set_max_different_graphs(max_different_graphs)
+            _XLAC._dynamic_shape_detector_start_session(session)
         try:
             yield
         finally:
             _XLAC._set_allow_execution(saved[1])
+            if max_different_graphs is not None:
+                _XLAC._dynamic_shape_detector_end_session()
             sync()
             _XLAC._set_use_eager_mode(saved[0])
             _XLAC._set_current_graph_name(saved[2])
 
     return _compile() if f is None else _compile()(f)
+
+
+# The functions compiled so far, by session id, while they live.
+_compiled_functions: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
+
+
+def _clear_pending_ops_before_compile() -> None:
+    # What was pending before the call is not part of the compiled graph. The name is torch_xla's:
+    # PT_XLA_DEBUG tells this sync from the compiled function's own by it.
+    sync()
 
 
 def manual_seed(seed: int, device: Any = None) -> None:

@@ -287,6 +287,19 @@ def _bernoulli(x: Any, p: float = 0.5, *, generator: Any = None) -> Any:
 
 
 # -- shape and views ---------------------------------------------------------------------------
+@lowers(aten._assert_tensor_metadata.default)
+def _assert_metadata(*_: Any, **__: Any) -> None:
+    # export's check of a tensor's dtype/device at a conversion: no value, nothing to compute.
+    return None
+
+
+@lowers(aten.sym_size.int)
+def _sym_size(x: Any, dim: int) -> Any:
+    # A dynamic dimension is jax's symbolic size: the graph's size arithmetic (operator.mul,
+    # ...) and the shape arguments it feeds stay symbolic, as export traced them.
+    return x.shape[dim]
+
+
 @lowers(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 def _view(x: Any, size: Sequence[int]) -> Any:
     return jnp.reshape(x, tuple(size))
@@ -414,6 +427,13 @@ def _sum(x: Any, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -
     if not jnp.issubdtype(x.dtype, jnp.inexact) and dtype is None:
         dtype = torch.int64
     return jnp.sum(_as_dtype(x, dtype), axis=_dims(dim, x.ndim), keepdims=keepdim)
+
+
+@lowers(aten.cumsum.default)
+def _cumsum(x: Any, dim: int, *, dtype: Any = None) -> Any:
+    if not jnp.issubdtype(x.dtype, jnp.inexact) and dtype is None:
+        dtype = torch.int64
+    return jnp.cumsum(_as_dtype(x, dtype), axis=dim % max(x.ndim, 1))
 
 
 @lowers(aten.mean.dim, aten.mean.default)
@@ -546,6 +566,23 @@ def _layer_norm(x: Any, shape: Sequence[int], weight: Any, bias: Any, eps: float
     if bias is not None:
         out = out + bias
     return out, mean, rstd
+
+
+@lowers(aten.native_group_norm.default)
+def _group_norm(
+    x: Any, weight: Any, bias: Any, n: Any, c: Any, hw: Any, group: int, eps: float
+) -> Any:
+    # Sizes come from ``x``: under a dynamic batch ``n`` is the graph's symbolic size.
+    grouped = jnp.reshape(x, (x.shape[0], group, -1))
+    mean = jnp.mean(grouped, axis=2, keepdims=True)
+    rstd = lax.rsqrt(jnp.var(grouped, axis=2, keepdims=True) + eps)
+    out = jnp.reshape((grouped - mean) * rstd, x.shape)
+    affine = (1, x.shape[1]) + (1,) * (x.ndim - 2)
+    if weight is not None:
+        out = out * jnp.reshape(weight, affine)
+    if bias is not None:
+        out = out + jnp.reshape(bias, affine)
+    return out, jnp.reshape(mean, (x.shape[0], group)), jnp.reshape(rstd, (x.shape[0], group))
 
 
 def _batch_norm(

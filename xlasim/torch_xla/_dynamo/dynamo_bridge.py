@@ -62,7 +62,7 @@ def extract_compiled_graph(xla_model: torch.fx.GraphModule, xla_args: Any) -> Ca
     """Compiles ``xla_model`` for inputs like ``xla_args``; returns the function to call."""
     _xlac._xla_increment_counter("DynamoExtractCompiledGraph", 1)
     with eager_mode_context(False):
-        return _extract(xla_model, tuple(xla_args))
+        return extract_internal(xla_model, tuple(xla_args))
 
 
 @dataclass
@@ -73,7 +73,9 @@ class _Traced:
     input_specs: list[str]
 
 
-def _extract(gm: torch.fx.GraphModule, args: tuple[Any, ...]) -> Callable[..., Any]:
+def extract_internal(gm: torch.fx.GraphModule, args: tuple[Any, ...]) -> Callable[..., Any]:
+    """Syncs the inputs' pending graphs and compiles ``gm`` for ``args``. Named as torch_xla's
+    function: PT_XLA_DEBUG tells a sync made here by this name on the stack."""
     _check_inputs(gm, args)
     torch_xla.sync(reset_scope=False)
     _ConstructorsToDevice()(gm.graph)
@@ -85,7 +87,7 @@ def _extract(gm: torch.fx.GraphModule, args: tuple[Any, ...]) -> Callable[..., A
     # collect the partition's inputs; what its ops do when run (a buffer donation mark,
     # counted) happens that once more too. The values are dropped.
     gm(*args)
-    traced = _trace(gm, args)
+    traced = extract_graph_helper(gm, args)
     remaining_checks = _sharding_check_threshold()
 
     def optimized_mod(*call_args: Any) -> Any:
@@ -105,7 +107,7 @@ def _extract(gm: torch.fx.GraphModule, args: tuple[Any, ...]) -> Callable[..., A
         if runtime.spmd and remaining_checks > 0:
             # Dynamo's guards do not look at shardings: a changed one needs a new program.
             if _xlac._get_xla_sharding_specs(list(call_args)) != traced.input_specs:
-                traced = _trace(gm, call_args)
+                traced = extract_graph_helper(gm, call_args)
                 remaining_checks = _sharding_check_threshold()
             else:
                 remaining_checks -= 1
@@ -228,7 +230,7 @@ def _split_around(
     for node in list(split.graph.nodes):
         if node.op != "call_module" or "fused_" not in node.name:
             continue
-        program = _extract(getattr(split, node.name), inputs[node.target])
+        program = extract_internal(getattr(split, node.name), inputs[node.target])
         split.delete_submodule(node.target)
         with split.graph.inserting_after(node):
             call = split.graph.call_function(program, node.args, None)
@@ -238,8 +240,9 @@ def _split_around(
     return split
 
 
-def _trace(gm: torch.fx.GraphModule, args: tuple[Any, ...]) -> _Traced:
-    """Syncs, traces the graph on ``args`` and compiles the traced program (not run)."""
+def extract_graph_helper(gm: torch.fx.GraphModule, args: tuple[Any, ...]) -> _Traced:
+    """Syncs, traces the graph on ``args`` and compiles the traced program (not run). Named as
+    torch_xla's function: PT_XLA_DEBUG tells dynamo's compilation by this name on the stack."""
     torch_xla.sync(reset_scope=False)
     specs = _xlac._get_xla_sharding_specs(list(args)) if xr.is_spmd() else []
     _clone_inputs(args)

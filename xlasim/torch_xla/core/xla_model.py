@@ -19,9 +19,11 @@ from typing_extensions import deprecated
 
 from xlasim.runtime import functional_collectives as _functional_collectives
 from xlasim.runtime import memory as _memory
+from xlasim.runtime import pending_fx as _pending_fx
 from xlasim.runtime import replicas as _replicas
 from xlasim.runtime import state as _runtime
 from xlasim.runtime import tensor as _tensor
+from xlasim.runtime.settings import tpu_compiler_layer
 
 REDUCE_SUM = "sum"
 REDUCE_MUL = "mul"
@@ -869,6 +871,28 @@ def get_memory_info(device: torch.device | None = None) -> MemoryInfo:
             "MemoryInfo not supported for SPMD virtual device."
         )
     return _memory.device_memory_info(torch.device(device))  # type: ignore[return-value]
+
+
+def _pending_stablehlo(tensors: list[torch.Tensor] | None) -> Any:
+    """The pending graph of ``tensors`` (default: every live tensor with a pending value)
+    lowered to StableHLO by jax (the tpu-compiler extra), its inputs in torch_xla's order."""
+    lowering = tpu_compiler_layer(
+        "xlasim.runtime.compiler.stablehlo",
+        "xlasim: the StableHLO of pending tensors comes from jax's lowering of their graph",
+    )
+    if tensors is None:
+        live = (ref() for ref in _runtime.current().graphs.pending)
+        tensors = list({id(t): t for t in live if t is not None and t._node is not None}.values())
+    module, inputs = _pending_fx.pending_graph(tensors, _tensor.leaf_input)
+    return lowering.lower_graph(module, {}, list(range(len(inputs))), inputs)
+
+
+def get_stablehlo(tensors: list[torch.Tensor] | None = None) -> str:
+    return _pending_stablehlo(tensors).text
+
+
+def get_stablehlo_bytecode(tensors: list[torch.Tensor] | None = None) -> bytes:
+    return _pending_stablehlo(tensors).bytecode
 
 
 def optimization_barrier_(tensors: list[torch.Tensor]) -> None:

@@ -38,7 +38,9 @@ class PerDeviceLoader:
     def __len__(self) -> int:
         return len(self._loader)  # type: ignore[arg-type]
 
-    def __next__(self) -> Any:
+    def next(self) -> Any:
+        # Named as torch_xla's method (``__next__`` is it): PT_XLA_DEBUG tells the step-end
+        # syncs by this name on the stack.
         if self._iter is None:
             self.__iter__()
         assert self._iter is not None
@@ -55,7 +57,7 @@ class PerDeviceLoader:
             raise
         return _send_batch(batch, self._device, self._input_sharding)
 
-    next = __next__
+    __next__ = next
 
 
 def _send_batch(batch: Any, device: Any, input_sharding: Any) -> Any:
