@@ -171,12 +171,28 @@ def set_device_kernel(op_name: str, kernel: Callable[..., Tensor]) -> None:
     _device_kernels[op_name] = kernel
 
 
-def _on_device(op_name: str) -> Callable[..., Tensor]:
+# The dispatch state a program's own calls run in (taken here: this module is imported once,
+# outside any op). A rule is called below autograd, where the simulated device's ops skip
+# what it does above it (its TPU rounding of float32 products among it).
+_PROGRAM_DISPATCH = (
+    torch._C._dispatch_tls_local_include_set(),
+    torch._C._dispatch_tls_local_exclude_set(),
+)
+
+
+def _on_device(op_name: str, as_program: bool = False) -> Callable[..., Tensor]:
+    """The rule running ``xla::<op_name>`` on simulated device tensors; ``as_program``: its
+    kernel is Python code of tensor ops (an attention), run as the program's own calls."""
+
     def rule(_mode: object, _func: object, _types: object, args: Any, kwargs: Any) -> Tensor:
         kernel = _device_kernels.get(op_name)
         if kernel is None:
-            raise RuntimeError(f"xla::{op_name} needs the simulated torch_xla: import torch_xla")
-        return kernel(*args, **kwargs)
+            module = "torch_xla.experimental.custom_kernel" if as_program else "torch_xla"
+            raise RuntimeError(f"xla::{op_name} needs the simulated torch_xla: import {module}")
+        if not as_program:
+            return kernel(*args, **kwargs)
+        with torch._C._ForceDispatchKeyGuard(*_PROGRAM_DISPATCH):
+            return kernel(*args, **kwargs)
 
     return rule
 
@@ -320,26 +336,9 @@ def _device_entry(op_name: str) -> Callable[..., Tensor]:
 _XLA_LIB.impl("quantized_matmul", _device_entry("quantized_matmul"), "AutogradXLA")
 
 
-def _kernel_entry(op_name: str) -> Callable[..., Tensor]:
-    """What ``xla::<op_name>`` (a custom_kernel op) runs at the device's autograd key: its
-    device kernel on simulated tensors, the off-device result on dynamo's fake ones."""
-    off_device = _OFF_DEVICE[op_name]
-
-    def run(*args: Any, **kwargs: Any) -> Tensor:
-        if not isinstance(args[0], XlaSimTensor):
-            return off_device(*args, **kwargs)
-        kernel = _device_kernels.get(op_name)
-        if kernel is None:
-            raise RuntimeError(
-                f"xla::{op_name} needs the simulated torch_xla.experimental.custom_kernel: "
-                "import it"
-            )
-        return kernel(*args, **kwargs)
-
-    return run
-
-
-# At the autograd key, as xla::quantized_matmul: the kernels' tensor ops (an attention)
-# dispatch as the caller's own code does, with the TPU's rounding of float32 products.
+# The custom_kernel ops take a rule, not a kernel at the autograd key as quantized_matmul
+# does: called from a graph dynamo compiled (openxla), such a kernel did not get the
+# simulated tensors and returned the off-device result.
 for _name in _KERNEL_SCHEMAS:
-    _XLA_LIB.impl(_name, _kernel_entry(_name), "AutogradXLA")
+    _rule = _on_device(_name, as_program=True)
+    torch.library.register_torch_dispatch(f"xla::{_name}", XlaSimTensor, _rule)
