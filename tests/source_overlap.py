@@ -89,6 +89,22 @@ FACTS: tuple[Fact, ...] = (
         "paged_attention's parameters, their order (callers pass them positionally) and "
         "defaults are torch_xla's API",
     ),
+    *(
+        Fact(
+            "xlasim/torch_xla/experimental/custom_kernel.py",
+            name,
+            "signature",
+            "the kernels' parameters, their order (callers pass them positionally; the xla "
+            "kernels take the op schema's arguments in order) and defaults are torch_xla's API",
+        )
+        for name in (
+            "paged_attention_xla",
+            "multi_queries_paged_attention",
+            "multi_queries_paged_attention_xla",
+            "ragged_paged_attention",
+            "ragged_paged_attention_xla",
+        )
+    ),
     Fact(
         "xlasim/torch_xla/debug/profiler.py",
         "trace",

@@ -304,8 +304,6 @@ def test_flash_attention_inside_torch_xla_compile_is_one_graph_compiled_once(xla
 
 
 PALLAS_ONLY = [
-    "multi_queries_paged_attention",
-    "ragged_paged_attention",
     "quantized_matmul_int8",
     "gmm",
     "tgmm",

@@ -8,6 +8,7 @@ ones torch_xla 2.9 registers, since code may call them as ``torch.ops.xla.<name>
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -219,7 +220,8 @@ def _hand_back(t: Tensor, *_args: object) -> Tensor:
 _XLA_LIB.impl("dynamo_mark_sharding", _hand_back, "CompositeExplicitAutograd")
 _XLA_LIB.impl("dynamo_set_buffer_donor_", _hand_back, "CompositeExplicitAutograd")
 
-# What the two ops run on simulated device tensors, installed by each import of the surface.
+# What the ops run on simulated device tensors, installed by each import of the surface
+# module that defines them.
 _device_kernels: dict[str, Callable[..., Tensor]] = {}
 
 
@@ -228,15 +230,105 @@ def set_device_kernel(op_name: str, kernel: Callable[..., Tensor]) -> None:
     _device_kernels[op_name] = kernel
 
 
-def _on_device(op_name: str) -> Callable[..., Tensor]:
+# The dispatch state a program's own calls run in (taken here: this module is imported once,
+# outside any op). A rule is called below autograd, where the simulated device's ops skip
+# what it does above it (its TPU rounding of float32 products among it).
+_PROGRAM_DISPATCH = (
+    torch._C._dispatch_tls_local_include_set(),
+    torch._C._dispatch_tls_local_exclude_set(),
+)
+
+
+def _on_device(op_name: str, as_program: bool = False) -> Callable[..., Tensor]:
+    """The rule running ``xla::<op_name>`` on simulated device tensors; ``as_program``: its
+    kernel is Python code of tensor ops (an attention), run as the program's own calls."""
+
     def rule(_mode: object, _func: object, _types: object, args: Any, kwargs: Any) -> Tensor:
         kernel = _device_kernels.get(op_name)
         if kernel is None:
-            raise RuntimeError(f"xla::{op_name} needs the simulated torch_xla: import torch_xla")
-        return kernel(*args, **kwargs)
+            module = "torch_xla.experimental.custom_kernel" if as_program else "torch_xla"
+            raise RuntimeError(f"xla::{op_name} needs the simulated torch_xla: import {module}")
+        if not as_program:
+            return kernel(*args, **kwargs)
+        with torch._C._ForceDispatchKeyGuard(*_PROGRAM_DISPATCH):
+            return kernel(*args, **kwargs)
 
     return rule
 
+
+# The kernels torch_xla's custom_kernel module registers, with its schemas (``casual`` and
+# the missing space before ``num_kv_pages_per_block`` are its own). Off the device (dynamo's
+# fake tensors) each gives an uninitialised result of the right shape, warning unless the
+# tensor named is a meta tensor; on the device it runs the simulated custom_kernel function.
+_KERNEL_SCHEMAS = {
+    "flash_attention": "flash_attention(Tensor q, Tensor k, Tensor v, bool casual=False) -> Tensor",
+    "paged_attention": (
+        "paged_attention(Tensor q, Tensor k_pages, Tensor v_pages, Tensor lengths, "
+        "Tensor page_indices, int pages_per_compute_block, str? megacore_mode=None, "
+        "float? attn_logits_soft_cap=None) -> Tensor"
+    ),
+    "multi_queries_paged_attention": (
+        "multi_queries_paged_attention(Tensor q, Tensor k_pages, Tensor v_pages, "
+        "Tensor lengths, Tensor page_indices, Tensor effective_q_lens, "
+        "int num_kv_pages_per_compute_block, int num_queries_per_compute_block, "
+        "bool use_kernel, float? attn_logits_soft_cap=None) -> Tensor"
+    ),
+    "ragged_paged_attention": (
+        "ragged_paged_attention(Tensor q, Tensor kv_pages, Tensor kv_lens, Tensor page_indices, "
+        "Tensor cu_q_lens, Tensor num_seqs, float sm_scale=1, int? sliding_window=None, "
+        "float? soft_cap=None, float? mask_value=None, float? k_scale=None, "
+        "float? v_scale=None, bool use_kernel=True,int? num_kv_pages_per_block=None, "
+        "int? num_queries_per_block=None, int? vmem_limit_bytes=None) -> Tensor"
+    ),
+    "gmm": (
+        "gmm(Tensor lhs, Tensor rhs, Tensor group_sizes, int[]? tiling=None, "
+        "Tensor? group_offset=None, bool transpose_rhs=False) -> Tensor"
+    ),
+    "quantized_matmul_int8": (
+        "quantized_matmul_int8(Tensor x, Tensor w, Tensor scalar, Tensor? zero_point=None, "
+        "Tensor? quant_block_size=None, bool quantize_activation=False, "
+        "int? batch_block_size=None, int? out_block_size=None, int? in_block_size=None) -> Tensor"
+    ),
+}
+
+
+def _off_device_warning(checked: Tensor, what: str) -> None:
+    if checked.device != torch.device("meta"):
+        warnings.warn(f"XLA {what} should only be applied to tensors on XLA device", stacklevel=3)
+
+
+def _attention_off_device(kind: str) -> Callable[..., Tensor]:
+    def shaped_like_q(q: Tensor, checked: Tensor, *_args: object) -> Tensor:
+        _off_device_warning(checked, f"{kind} attention")
+        return torch.empty_like(q)
+
+    return shaped_like_q
+
+
+def _gmm_off_device(
+    lhs: Tensor, rhs: Tensor, group_sizes: Tensor, tiling: object = None,
+    group_offset: object = None, transpose_rhs: bool = False,
+) -> Tensor:  # fmt: skip
+    _off_device_warning(lhs, "gmm")
+    return torch.empty(lhs.shape[0], rhs.shape[1 if transpose_rhs else 2], device=lhs.device)
+
+
+def _quantized_matmul_int8_off_device(x: Tensor, w: Tensor, *_args: object) -> Tensor:
+    _off_device_warning(x, "quantized_matmul_int8")
+    return torch.empty(x.shape[0], w.shape[0], device=x.device, dtype=x.dtype)
+
+
+_OFF_DEVICE: dict[str, Callable[..., Tensor]] = {
+    "flash_attention": _attention_off_device("flash"),
+    "paged_attention": _attention_off_device("paged"),
+    "multi_queries_paged_attention": _attention_off_device("paged"),
+    "ragged_paged_attention": _attention_off_device("paged"),
+    "gmm": _gmm_off_device,
+    "quantized_matmul_int8": _quantized_matmul_int8_off_device,
+}
+for _name, _schema in _KERNEL_SCHEMAS.items():
+    _XLA_LIB.define(_schema)
+    _XLA_LIB.impl(_name, _OFF_DEVICE[_name], "CompositeExplicitAutograd")
 
 for _name in ("dynamo_mark_sharding", "dynamo_set_buffer_donor_"):
     # Without a rule the op would reach its kernel with the tensors' CPU values.
@@ -301,3 +393,11 @@ def _device_entry(op_name: str) -> Callable[..., Tensor]:
 # still decompose into the products torch_xla lowers them to, as in the caller's own code;
 # below it (a torch_dispatch rule) they would reach the simulated tensors whole.
 _XLA_LIB.impl("quantized_matmul", _device_entry("quantized_matmul"), "AutogradXLA")
+
+
+# The custom_kernel ops take a rule, not a kernel at the autograd key as quantized_matmul
+# does: called from a graph dynamo compiled (openxla), such a kernel did not get the
+# simulated tensors and returned the off-device result.
+for _name in _KERNEL_SCHEMAS:
+    _rule = _on_device(_name, as_program=True)
+    torch.library.register_torch_dispatch(f"xla::{_name}", XlaSimTensor, _rule)

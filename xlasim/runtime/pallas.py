@@ -9,7 +9,11 @@ from xlasim.runtime.settings import tpu_compiler_layer
 
 
 def interpreter() -> ModuleType:
-    """The interpret-mode layer, or ``NotImplementedError`` naming the extra it needs."""
-    return tpu_compiler_layer(
+    """The interpret-mode layer, or ``NotImplementedError`` naming the extra it needs; set
+    up for the active simulation's chip (asked for by ``jax_import_guard``, which a program
+    calls before its own JAX code)."""
+    layer = tpu_compiler_layer(
         "xlasim.runtime.compiler.pallas", "xlasim runs Pallas kernels with JAX's TPU interpret mode"
     )
+    layer.follow_active_chip()
+    return layer

@@ -34,6 +34,10 @@ from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas.ops.tpu.paged_attention import (
     paged_attention_kernel as jax_paged_attention,
 )
+from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel as jax_ragged_attention
+
+from xlasim.runtime import state
+from xlasim.runtime.compiler import multi_query_attention
 
 HANDLE_PREFIX = "xlasim-pallas-kernel:"
 
@@ -85,11 +89,30 @@ def to_torch(a: Any) -> torch.Tensor:
     return torch.from_numpy(array.copy())
 
 
-# JAX on the simulated TPU is JAX on the CPU: every Pallas TPU kernel of the process (the
-# caller's own JAX code too, e.g. a reference computed with JAX's flash attention) runs in
-# interpret mode, where a TPU would run it compiled. jax keeps this option in its private
-# config; its public form is only the thread-local context manager.
-jax_config.pallas_tpu_interpret_mode_context_manager.set_global(pltpu.InterpretParams())
+# Chips whose one device is two TensorCores (megacore): a kernel's grid dimensions marked
+# "parallel" are split over both, and a kernel written for that (JAX's paged attention in
+# its megacore modes) waits on both cores' DMAs, which one interpreted core never completes.
+_MEGACORE = frozenset({"v4", "v5p"})
+
+
+def follow_active_chip() -> None:
+    """Interprets every Pallas TPU kernel of the process with the cores of the active
+    simulation's device (one where none is active).
+
+    JAX on the simulated TPU is JAX on the CPU: every Pallas TPU kernel of the process (the
+    caller's own JAX code too, e.g. a reference computed with JAX's flash attention) runs in
+    interpret mode, where a TPU would run it compiled. jax keeps this option in its private
+    config (its public form is only the thread-local context manager); it is part of jax's
+    jit keys, so a kernel traced for one chip is traced again for another."""
+    runtime = state.active()
+    cores = 2 if runtime is not None and runtime.spec.accelerator in _MEGACORE else 1
+    wanted = pltpu.InterpretParams(num_cores_or_threads=cores)
+    setting = jax_config.pallas_tpu_interpret_mode_context_manager
+    if setting.get_global() != wanted:
+        setting.set_global(wanted)
+
+
+follow_active_chip()
 
 
 @dataclass(frozen=True)
@@ -184,6 +207,7 @@ def run(
     what the traced function does around it (a wrapper slicing or reshaping the kernel's
     outputs, as JAX's flash attention does) is not part of it."""
     traced = _kernel_of(payload)
+    follow_active_chip()
     function = jax.jit(
         traced.kernel,
         static_argnums=traced.static_argnums,
@@ -239,3 +263,74 @@ def _checked(
 def paged_attention_kernel() -> Callable[..., Any]:
     """JAX's Pallas paged-attention kernel function (what torch_xla's wrapper runs)."""
     return jax_paged_attention.paged_attention
+
+
+def check_ragged_paged_attention(tensors: Sequence[torch.Tensor], **options: Any) -> None:
+    """JAX's ragged paged-attention kernel's own checks of its inputs' shapes and dtypes and of
+    its options, then of its head tiling (``ValueError`` with JAX's messages): what the
+    kernel refuses when torch_xla traces it."""
+    structs = [jax.ShapeDtypeStruct(tuple(t.shape), jax_dtype(t.dtype)) for t in tensors]
+    jax_ragged_attention.static_validate_inputs(*structs, **options)
+    _check_heads(structs[0], structs[1])
+
+
+def _check_heads(q: Any, kv_pages: Any) -> None:
+    """The kernel's refusal of head counts it cannot tile."""
+    jax_ragged_attention.get_min_heads_per_blk(
+        q.shape[1], kv_pages.shape[2], q.dtype, kv_pages.dtype
+    )
+
+
+def ragged_paged_attention(
+    q: jax.Array,
+    kv_pages: jax.Array,
+    kv_lens: jax.Array,
+    page_indices: jax.Array,
+    cu_q_lens: jax.Array,
+    num_seqs: jax.Array,
+    *,
+    sm_scale: float = 1.0,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
+    mask_value: float | None = jax_ragged_attention.DEFAULT_MASK_VALUE,
+    k_scale: float | None = None,
+    v_scale: float | None = None,
+    num_kv_pages_per_block: int | None = None,
+    num_queries_per_block: int | None = None,
+    vmem_limit_bytes: int | None = None,
+) -> jax.Array:
+    """What JAX's ragged paged-attention kernel returns, for JAX arrays on the simulated TPU.
+
+    The kernel itself runs in neither of JAX's interpret modes (it reshapes and bitcasts
+    memory references, which they do not take), so the attention it defines is computed by
+    JAX's own reference of it (``ref_ragged_paged_attention``), after the kernel's checks
+    (block sizes only checked: they change how the kernel walks the pages, not its result).
+    The result has ``q``'s shape, as the kernel's: rows past the last sequence's queries,
+    which the kernel leaves unwritten, are zeros."""
+    options = {
+        "sm_scale": sm_scale,
+        "sliding_window": sliding_window,
+        "soft_cap": soft_cap,
+        "mask_value": mask_value,
+        "k_scale": k_scale,
+        "v_scale": v_scale,
+    }
+    jax_ragged_attention.static_validate_inputs(
+        q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs,
+        num_kv_pages_per_block=num_kv_pages_per_block,
+        num_queries_per_block=num_queries_per_block,
+        vmem_limit_bytes=vmem_limit_bytes,
+        **options,
+    )  # fmt: skip
+    _check_heads(q, kv_pages)
+    out = jax_ragged_attention.ref_ragged_paged_attention(
+        q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, **options
+    )
+    return jax.numpy.zeros_like(q).at[: out.shape[0]].set(out.astype(q.dtype))
+
+
+# JAX's reference of the kernel, under its own name.
+ref_ragged_paged_attention = jax_ragged_attention.ref_ragged_paged_attention
+
+# The attention torch_xla's multi-query paged-attention kernel computes, as JAX code.
+multi_queries_paged_attention = multi_query_attention.paged_attention

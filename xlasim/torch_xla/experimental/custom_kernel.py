@@ -23,6 +23,7 @@ grouped matmul, int8 matmul) raise ``NotImplementedError`` naming themselves.
 
 from __future__ import annotations
 
+import itertools
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -31,6 +32,7 @@ import torch
 import torch_xla
 import torch_xla.distributed.spmd as xs
 
+from xlasim.runtime import custom_ops
 from xlasim.runtime.pallas import interpreter
 
 DEFAULT_MASK_VALUE = -0.7 * float(torch.finfo(torch.float32).max)
@@ -577,40 +579,314 @@ def paged_attention(
     return out
 
 
-def paged_attention_xla(*args: Any, **kwargs: Any) -> torch.Tensor:
-    raise _needs_pallas("paged_attention_xla")
+def paged_attention_xla(
+    q: torch.Tensor,
+    k_pages: torch.Tensor,
+    v_pages: torch.Tensor,
+    lengths: torch.Tensor,
+    page_indices: torch.Tensor,
+    pages_per_compute_block: int,
+    megacore_mode: str | None = None,
+    attn_logits_soft_cap: float | None = None,
+) -> torch.Tensor:
+    """The XLA kernel of the ``xla::paged_attention`` op: ``paged_attention``."""
+    return paged_attention(
+        q, k_pages, v_pages, lengths, page_indices, pages_per_compute_block, megacore_mode,
+        attn_logits_soft_cap,
+    )  # fmt: skip
 
 
-def paged_attention_non_xla(*args: Any, **kwargs: Any) -> torch.Tensor:
-    raise _needs_pallas("paged_attention_non_xla")
+def paged_attention_non_xla(
+    q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, *args: Any, **kwargs: Any
+) -> torch.Tensor:
+    """The ``xla::paged_attention`` op off the XLA device (see ``non_xla_attetion``)."""
+    return non_xla_attetion(q, k_pages, v_pages, "paged")
 
 
-def multi_queries_paged_attention(*args: Any, **kwargs: Any) -> torch.Tensor:
-    raise _needs_pallas("multi_queries_paged_attention")
+def multi_queries_paged_attention(
+    q: torch.Tensor,
+    k_pages: torch.Tensor,
+    v_pages: torch.Tensor,
+    lengths: torch.Tensor,
+    page_indices: torch.Tensor,
+    effective_q_lens: torch.Tensor,
+    num_kv_pages_per_compute_block: int,
+    num_queries_per_compute_block: int,
+    use_kernel: bool = True,
+    attn_logits_soft_cap: float | None = None,
+) -> torch.Tensor:
+    """Paged attention of several queries per sequence, ``q`` [batch, query_len, num_heads,
+    head_dim] over ``k_pages``/``v_pages`` [num_kv_heads, pages, page_size, head_dim].
+
+    ``use_kernel=True`` is torch_xla's Pallas kernel: one ``tpu_custom_call`` running the
+    attention it computes as JAX code (``xlasim.runtime.compiler.multi_query_attention``, the
+    tpu-compiler extra). ``use_kernel=False`` is torch_xla's op-by-op path: the same
+    attention with tensor ops, products in the inputs' dtype and softmax in float32."""
+    assert len(q.shape) == 4, "q should have 4 dimensions."
+    if not use_kernel:
+        return _multi_query_attention(
+            q, k_pages, v_pages, lengths, page_indices, effective_q_lens, attn_logits_soft_cap
+        )
+    layer = interpreter()
+    tensors = [q, k_pages, v_pages, lengths, page_indices, effective_q_lens]
+    # Static in the traced function: they shape the computation.
+    options = {
+        "attn_logits_soft_cap": attn_logits_soft_cap,
+        "num_queries_per_compute_block": num_queries_per_compute_block,
+        "num_kv_pages_per_compute_block": num_kv_pages_per_compute_block,
+    }
+    payload = layer.trace(
+        layer.multi_queries_paged_attention,
+        tensors,
+        options,
+        static_argnames=list(options),
+        whole=True,
+    )
+    (out,) = torch_xla._XLAC._xla_tpu_custom_call(tensors, payload, [q.shape], [q.dtype])
+    return out
 
 
-def multi_queries_paged_attention_xla(*args: Any, **kwargs: Any) -> torch.Tensor:
-    raise _needs_pallas("multi_queries_paged_attention_xla")
+def _multi_query_attention(
+    q: torch.Tensor,
+    k_pages: torch.Tensor,
+    v_pages: torch.Tensor,
+    lengths: torch.Tensor,
+    page_indices: torch.Tensor,
+    effective_q_lens: torch.Tensor,
+    soft_cap: float | None,
+) -> torch.Tensor:
+    """Per batch entry: its rows ``r`` at positions ``lengths[b] - effective_q_lens[b] + r``
+    see the keys up to their own among the entry's first ``lengths[b]`` positions."""
+    batch, query_len, heads, head_dim = q.shape
+    kv_heads, _, page_size, _ = k_pages.shape
+    group = heads // kv_heads
+    kv_lens = [int(n) for n in lengths.cpu()]
+    visible = [int(n) for n in (lengths - effective_q_lens).cpu()]
+    rows = []
+    for b in range(batch):
+        pages = page_indices[b, : -(-kv_lens[b] // page_size)]
+        # [kv_heads, pages, page_size, d] -> [kv_heads, kv_len, d]
+        keys = k_pages[:, pages].reshape(kv_heads, -1, head_dim)[:, : kv_lens[b]]
+        values = v_pages[:, pages].reshape(kv_heads, -1, head_dim)[:, : kv_lens[b]]
+        queries = q[b].reshape(query_len, kv_heads, group, head_dim)
+        scores = torch.einsum("qhgd,hkd->hgqk", queries, keys)
+        if soft_cap is not None:
+            scores = torch.tanh(scores / soft_cap) * soft_cap
+        last = torch.arange(query_len, device=q.device).unsqueeze(1) + visible[b]
+        hidden = torch.arange(kv_lens[b], device=q.device).unsqueeze(0) > last
+        probs = torch.softmax(scores.float().masked_fill(hidden, float("-inf")), dim=-1)
+        out = torch.einsum("hgqk,hkd->qhgd", probs.to(values.dtype), values)
+        rows.append(out.reshape(query_len, heads, head_dim))
+    return torch.stack(rows)
 
 
-def multi_queries_paged_attention_non_xla(*args: Any, **kwargs: Any) -> torch.Tensor:
-    raise _needs_pallas("multi_queries_paged_attention_non_xla")
+def multi_queries_paged_attention_xla(
+    q: torch.Tensor,
+    k_pages: torch.Tensor,
+    v_pages: torch.Tensor,
+    lengths: torch.Tensor,
+    page_indices: torch.Tensor,
+    effective_q_lens: torch.Tensor,
+    num_kv_pages_per_compute_block: int,
+    num_queries_per_compute_block: int,
+    use_kernel: bool,
+    attn_logits_soft_cap: float | None = None,
+) -> torch.Tensor:
+    """The XLA kernel of the ``xla::multi_queries_paged_attention`` op."""
+    return multi_queries_paged_attention(
+        q, k_pages, v_pages, lengths, page_indices, effective_q_lens,
+        num_kv_pages_per_compute_block, num_queries_per_compute_block, use_kernel,
+        attn_logits_soft_cap,
+    )  # fmt: skip
 
 
-def ragged_paged_attention(*args: Any, **kwargs: Any) -> torch.Tensor:
-    raise _needs_pallas("ragged_paged_attention")
+def multi_queries_paged_attention_non_xla(
+    q: torch.Tensor, k_pages: torch.Tensor, v_pages: torch.Tensor, *args: Any, **kwargs: Any
+) -> torch.Tensor:
+    """The ``xla::multi_queries_paged_attention`` op off the XLA device."""
+    return non_xla_attetion(q, k_pages, v_pages, "paged")
 
 
-def ragged_paged_attention_xla(*args: Any, **kwargs: Any) -> torch.Tensor:
-    raise _needs_pallas("ragged_paged_attention_xla")
+def ragged_paged_attention(
+    q: torch.Tensor,
+    kv_pages: torch.Tensor,
+    kv_lens: torch.Tensor,
+    page_indices: torch.Tensor,
+    cu_q_lens: torch.Tensor,
+    num_seqs: torch.Tensor,
+    *,
+    sm_scale: float = 1.0,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
+    mask_value: float | None = None,
+    k_scale: float | None = None,
+    v_scale: float | None = None,
+    use_kernel: bool = True,
+    num_kv_pages_per_block: int | None = None,
+    num_queries_per_block: int | None = None,
+    vmem_limit_bytes: int | None = None,
+) -> torch.Tensor:
+    """Attention of a batch of sequences of any lengths (prefill and decode mixed) over paged,
+    interleaved keys and values; see ``ragged_attention`` for the layout and masks.
+
+    ``use_kernel=False`` is torch_xla's op-by-op path: it checks the lengths at run time and
+    returns the sequences' queries' rows only, computed in the inputs' dtypes.
+    ``use_kernel=True`` is JAX's Pallas kernel, which cannot run in JAX's interpret modes: its
+    checks are JAX's own, and what it returns (``q``'s shape, scores and softmax in float32)
+    is computed with tensor ops, rows past the last sequence's queries zero."""
+    if mask_value is None:
+        mask_value = DEFAULT_MASK_VALUE
+    tensors = (q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs)
+    options: dict[str, Any] = {
+        "sm_scale": sm_scale,
+        "sliding_window": sliding_window,
+        "soft_cap": soft_cap,
+        "mask_value": mask_value,
+        "k_scale": k_scale,
+        "v_scale": v_scale,
+    }
+    if not use_kernel:
+        _check_ragged_lengths(tensors)
+        return torch.cat(ragged_attention(tensors, scores_dtype=None, **options))
+    interpreter().check_ragged_paged_attention(
+        tensors,
+        num_kv_pages_per_block=num_kv_pages_per_block,
+        num_queries_per_block=num_queries_per_block,
+        vmem_limit_bytes=vmem_limit_bytes,
+        **options,
+    )
+    rows = ragged_attention(tensors, scores_dtype=torch.float32, **options)
+    written = sum(r.shape[0] for r in rows)
+    rest = q.new_zeros((q.shape[0] - written, *q.shape[1:]))
+    return torch.cat([*rows, rest])
 
 
-def ragged_paged_attention_non_xla(*args: Any, **kwargs: Any) -> torch.Tensor:
-    raise _needs_pallas("ragged_paged_attention_non_xla")
+def _check_ragged_lengths(tensors: Sequence[torch.Tensor]) -> None:
+    """torch_xla's run-time checks of the lengths (its ``ValueError`` texts)."""
+    q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs = tensors
+    max_num_batched_tokens = q.shape[0]
+    page_size = kv_pages.shape[1]
+    max_num_seqs, pages_per_seq = page_indices.shape
+    count = num_seqs[0]
+    if count > max_num_seqs:
+        raise ValueError(f"num_seqs[0]={count!r} must be less or equal to {max_num_seqs=}")
+    max_kv_len = torch.max(kv_lens)
+    min_pages_per_seq = (max_kv_len + page_size - 1) // page_size
+    if pages_per_seq < min_pages_per_seq:
+        raise ValueError(
+            f"{pages_per_seq=} must be greater or equal to {min_pages_per_seq=} given "
+            f"{max_kv_len=} and {page_size=}."
+        )
+    total = cu_q_lens[count]
+    if total > max_num_batched_tokens:
+        raise ValueError(
+            f"Total q tokens {total} must be less or equal to {max_num_batched_tokens=}."
+        )
+    for i in range(int(count)):
+        q_len = cu_q_lens[i + 1] - cu_q_lens[i]
+        kv_len = kv_lens[i]
+        if q_len > kv_len:
+            raise ValueError(f"{q_len=} must be less or equal to {kv_len=} at sequence {i}.")
 
 
-def non_xla_ragged_paged_attention(*args: Any, **kwargs: Any) -> torch.Tensor:
-    raise _needs_pallas("non_xla_ragged_paged_attention")
+def ragged_attention(
+    tensors: Sequence[torch.Tensor],
+    *,
+    sm_scale: float,
+    sliding_window: int | None,
+    soft_cap: float | None,
+    mask_value: float,
+    k_scale: float | None,
+    v_scale: float | None,
+    scores_dtype: torch.dtype | None,
+) -> list[torch.Tensor]:
+    """Each sequence's attention output rows [q_len, num_q_heads, head_dim], in ``q``'s dtype.
+
+    Sequence ``i`` owns the query rows ``cu_q_lens[i]:cu_q_lens[i + 1]`` (its last tokens)
+    and the first ``kv_lens[i]`` positions of the pages ``page_indices[i]`` (``kv_pages`` is
+    [pages, page_size, 2 * num_kv_heads, head_dim], keys and values interleaved on the head
+    axis; query head ``h`` reads key/value head ``h // (num_q_heads // num_kv_heads)``). A
+    query sees the keys up to its own position, and with ``sliding_window`` only the last
+    ``sliding_window`` of them. Scores are ``q kᵀ * sm_scale``, soft-capped as
+    ``soft_cap * tanh(s / soft_cap)``, masked with ``mask_value``; keys and values are first
+    multiplied by ``k_scale`` / ``v_scale`` in float32 and rounded to ``q``'s dtype. The
+    scores are computed in ``scores_dtype`` (the inputs' dtype for None) and the
+    probabilities rounded to the values' dtype before they weight them. ``tensors`` are
+    ``ragged_paged_attention``'s (q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs)."""
+    q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs = tensors
+    page_size, combined_heads, head_dim = kv_pages.shape[1:]
+    kv_heads = combined_heads // 2
+    group = q.shape[1] // kv_heads
+    bounds = [int(b) for b in cu_q_lens[: int(num_seqs[0]) + 1].cpu()]
+    lengths = [int(n) for n in kv_lens.cpu()]
+    outputs = []
+    for i, (start, end) in enumerate(itertools.pairwise(bounds)):
+        q_len, kv_len = end - start, lengths[i]
+        pages = page_indices[i, : -(-kv_len // page_size)]
+        kv = kv_pages[pages].reshape(-1, combined_heads, head_dim)[:kv_len]
+        keys, values = kv[:, 0::2], kv[:, 1::2]
+        if k_scale is not None:
+            keys = (keys.float() * k_scale).to(q.dtype)
+        if v_scale is not None:
+            values = (values.float() * v_scale).to(q.dtype)
+        queries = q[start:end].reshape(q_len, kv_heads, group, head_dim)
+        dtype = scores_dtype or queries.dtype
+        scores = torch.einsum("qhgd,khd->hgqk", queries.to(dtype), keys.to(dtype)) * sm_scale
+        if soft_cap is not None:
+            scores = torch.tanh(scores / soft_cap) * soft_cap
+        # Query row r sits at position kv_len - q_len + r of its sequence.
+        position = torch.arange(q_len, device=q.device).unsqueeze(1) + (kv_len - q_len)
+        key = torch.arange(kv_len, device=q.device).unsqueeze(0)
+        hidden = key > position
+        if sliding_window is not None:
+            hidden = hidden | (key <= position - sliding_window)
+        probs = torch.softmax(scores.masked_fill(hidden, mask_value), dim=-1).to(values.dtype)
+        out = torch.einsum("hgqk,khd->qhgd", probs.to(dtype), values.to(dtype))
+        outputs.append(out.reshape(q_len, -1, head_dim).to(q.dtype))
+    return outputs
+
+
+def ragged_paged_attention_xla(
+    q: torch.Tensor,
+    kv_pages: torch.Tensor,
+    kv_lens: torch.Tensor,
+    page_indices: torch.Tensor,
+    cu_q_lens: torch.Tensor,
+    num_seqs: torch.Tensor,
+    sm_scale: float = 1.0,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
+    mask_value: float | None = None,
+    k_scale: float | None = None,
+    v_scale: float | None = None,
+    use_kernel: bool = True,
+    num_kv_pages_per_block: int | None = None,
+    num_queries_per_block: int | None = None,
+    vmem_limit_bytes: int | None = None,
+) -> torch.Tensor:
+    """The XLA kernel of the ``xla::ragged_paged_attention`` op (the op's positional
+    arguments): ``ragged_paged_attention``."""
+    return ragged_paged_attention(
+        q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs, sm_scale=sm_scale,
+        sliding_window=sliding_window, soft_cap=soft_cap, mask_value=mask_value,
+        k_scale=k_scale, v_scale=v_scale, use_kernel=use_kernel,
+        num_kv_pages_per_block=num_kv_pages_per_block,
+        num_queries_per_block=num_queries_per_block, vmem_limit_bytes=vmem_limit_bytes,
+    )  # fmt: skip
+
+
+def non_xla_ragged_paged_attention(
+    q: torch.Tensor, kv: torch.Tensor, attention_type: str
+) -> torch.Tensor:
+    """What the ragged op gives off the XLA device (see ``non_xla_attetion``)."""
+    return non_xla_attetion(q, kv, kv, attention_type)
+
+
+def ragged_paged_attention_non_xla(
+    q: torch.Tensor, kv_pages: torch.Tensor, *args: Any, **kwargs: Any
+) -> torch.Tensor:
+    """The ``xla::ragged_paged_attention`` op off the XLA device."""
+    return non_xla_ragged_paged_attention(q, kv_pages, "paged")
 
 
 def quantized_matmul_int8(*args: Any, **kwargs: Any) -> torch.Tensor:
@@ -655,3 +931,16 @@ class GMM(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> Any:
         raise _needs_pallas("GMM")
+
+
+# What the ``xla::`` kernel ops (``xlasim.runtime.custom_ops``) run on the simulated device.
+_DEVICE_KERNELS: dict[str, Callable[..., torch.Tensor]] = {
+    "flash_attention": flash_attention_xla,
+    "paged_attention": paged_attention_xla,
+    "multi_queries_paged_attention": multi_queries_paged_attention_xla,
+    "ragged_paged_attention": ragged_paged_attention_xla,
+    "gmm": gmm_xla,
+    "quantized_matmul_int8": quantized_matmul_int8_xla,
+}
+for _op, _kernel in _DEVICE_KERNELS.items():
+    custom_ops.set_device_kernel(_op, _kernel)

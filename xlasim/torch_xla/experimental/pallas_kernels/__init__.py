@@ -1,0 +1,1 @@
+"""Simulated ``torch_xla.experimental.pallas_kernels``: the JAX kernels torch_xla ships."""
