@@ -22,9 +22,9 @@ def test_missing_xlac_attribute_and_module_name_what_is_not_simulated():
         with pytest.raises(AttributeError):
             xlac._no_such_binding  # noqa: B018
         with pytest.raises(NotImplementedError, match="xlasim does not simulate this part"):
-            importlib.import_module("torch_xla.utils.checkpoint")
+            importlib.import_module("torch_xla.utils.keyd_queue")
         with pytest.raises(ModuleNotFoundError):
-            importlib.import_module("torch_xla.utils.checkpoint")
+            importlib.import_module("torch_xla.utils.keyd_queue")
         # the from-import form says the same, not just "cannot import name"
         with pytest.raises(NotImplementedError, match="'torch_xla.experimental.plugins'"):
             exec("from torch_xla.experimental import plugins")
