@@ -146,33 +146,25 @@ def _(
 
 # torch_xla's max pooling ops (its C++ autograd ops; torchax lowers the xla:: ops it finds, and
 # looks them up starting with this one). Schemas as torch_xla 2.9 registers them.
-@custom_op(
+def _max_pool2d_forward(
+    x: Tensor,
+    kernel_size: list[int],
+    stride: Any = (),
+    padding: Any = 0,
+    dilation: Any = 1,
+    ceil_mode: bool = False,
+) -> Tensor:
+    return aten.max_pool2d_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode)[0]
+
+
+max_pool2d_forward = custom_op(
     "xla::max_pool2d_forward",
+    _max_pool2d_forward,
     schema="(Tensor self, int[2] kernel_size, int[2] stride=[], int[2] padding=0, "
     "int[2] dilation=1, bool ceil_mode=False) -> Tensor",
     mutates_args=(),
 )
-def max_pool2d_forward(
-    x: Tensor,
-    kernel_size: list[int],
-    stride: Any = (),
-    padding: Any = 0,
-    dilation: Any = 1,
-    ceil_mode: bool = False,
-) -> Tensor:
-    return aten.max_pool2d_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode)[0]
-
-
-@max_pool2d_forward.register_fake
-def _(
-    x: Tensor,
-    kernel_size: list[int],
-    stride: Any = (),
-    padding: Any = 0,
-    dilation: Any = 1,
-    ceil_mode: bool = False,
-) -> Tensor:
-    return aten.max_pool2d_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode)[0]
+max_pool2d_forward.register_fake(_max_pool2d_forward)
 
 
 def _max_pool2d_backward(
