@@ -90,8 +90,8 @@ def dynamic_view_meta(
     target_dim: int,
     mul_scaler: float,
 ) -> torch.Tensor:
-    dynamic = src_tensor.shape[src_dim] * int(mul_scaler)
-    return input.new_empty(input.view(_sizes(size, target_dim, dynamic)).shape)
+    view = dynamic_view(input, size, src_tensor, src_dim, target_dim, mul_scaler)
+    return input.new_empty(view.shape)
 
 
 def dynamic_view_xla(
