@@ -167,6 +167,18 @@ class GraphCompiler(Protocol):
         ...
 
 
+class GraphDumper(Protocol):
+    """Where each executed graph is written as it runs (``runtime.graph_dump``)."""
+
+    def before_run(self, tensors: list[Any], key: int) -> str | None:
+        """The text of the graph about to run for the pending ``tensors`` (None: no dump)."""
+        ...
+
+    def after_run(self, text: str, tensors: list[Any], spmd: bool) -> None:
+        """Writes ``text`` once the graph ran (its outputs' shardings are known then)."""
+        ...
+
+
 @dataclass(frozen=True)
 class CompiledGraph:
     """A real compiler's figures for one graph, per device (one device per chip on v4, v5e,
@@ -400,6 +412,8 @@ class GraphCache:
         self.initialized = False
         # The real compiler every graph also goes to (``runtime.compiler.libtpu``), if any.
         self.compiler: GraphCompiler | None = None
+        # Where executed graphs are written (XLA_SAVE_TENSORS_FILE), if anywhere.
+        self.dump: GraphDumper | None = None
         # torch_xla's graph-executor switches: eager mode runs each op as its own graph;
         # ``torch_xla.compile(full_graph=True)`` forbids executing until its closing sync.
         self._use_eager_mode = False
@@ -570,7 +584,11 @@ class GraphCache:
             if not cached:
                 self._post_compilation(key, record, tensors, compiled)
             self._analyze(debug_analysis.EXECUTION, key, nodes)
+        dumped = self.dump.before_run(tensors, key) if self.dump is not None else None
         self._run(record, tensors, spmd, start, eager, output_shardings, counted=True)
+        if dumped is not None:
+            assert self.dump is not None
+            self.dump.after_run(dumped, tensors, spmd)
         if inputs:
             self.donors.donate(inputs, user_donors)
             for t in tensors:

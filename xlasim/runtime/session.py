@@ -22,6 +22,7 @@ from xlasim.runtime import autocast, graph, state, tpu_device
 from xlasim.runtime.client import Client, cpu_client, tpu_client
 from xlasim.runtime.device import check_autograd_engine, ensure_device_guard, release_graph_tasks
 from xlasim.runtime.dry_run import ShapeOnlyFactories
+from xlasim.runtime.graph_dump import GraphDump
 from xlasim.runtime.settings import LIBTPU
 from xlasim.runtime.tensor import FACTORY_KERNELS, device_indices, wrap_data, xla_device
 
@@ -177,6 +178,7 @@ def enter(
         single_process=single_process,
         dry_run=dry_run,
     )
+    runtime.graphs.dump = GraphDump(runtime)
     if compiler == LIBTPU:
         # Deferred: the compile layer imports jax, an optional extra that only a simulation
         # asking for the compiler may load.
