@@ -50,6 +50,21 @@ def test_metadata_of_a_multi_host_slice(no_tpu_vars):
         assert xr.host_index() == 1
 
 
+def test_the_metadata_server_serves_the_attributes_torch_xla_parses(no_tpu_vars):
+    # The formats are the GCE metadata server's, as torch_xla 2.9 parses them (its
+    # _get_metadata callers; upstream's pjrt/test_internal_tpu.py feeds it the same shapes):
+    # ``tpu-env`` a YAML mapping of quoted strings, workers ``hostname:id:address``.
+    with xlasim.simulate("2x2x2", "v4", host_index=1):
+        from torch_xla._internal import tpu
+
+        env = tpu._get_metadata("tpu-env")
+        assert "ACCELERATOR_TYPE: 'v4-16'\n" in env and "WORKER_ID: '1'\n" in env
+        workers = tpu._get_metadata("worker-network-endpoints").split(",")
+        assert [w.split(":")[2] for w in workers] == ["localhost", "localhost"]
+        with pytest.raises(NotImplementedError, match="metadata attribute 'zone'"):
+            tpu._get_metadata("zone")
+
+
 def test_logical_cores_follow_torch_xla_version_rule(no_tpu_vars):
     with xlasim.simulate("2x2", "v3"):
         from torch_xla._internal import tpu

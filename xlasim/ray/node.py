@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml  # type: ignore[import-untyped]  # Ray's own dependency; no stubs here
+import yaml
 
 from tpu_backend.topology import (
     DEFAULT_ACCELERATOR,

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple, TypedDict
 
 import torch_xla.core.xla_env_vars as xenv
 import torch_xla.utils.utils as xu
+import yaml
 
 from xlasim.runtime import hosts, state
 
@@ -52,6 +53,22 @@ class MeshShape(NamedTuple):
         return MeshShape(*(a * b for a, b in zip(self, other, strict=False)))
 
 
+def _get_metadata(key: str) -> str:
+    """The TPU VM metadata server's ``instance/attributes/<key>``, as text: the simulated host
+    serves the two attributes torch_xla reads (``tpu-env``, YAML; ``worker-network-endpoints``,
+    ``hostname:id:address`` per worker)."""
+    rt = state.current()
+    if key == "tpu-env":
+        return "".join(f"{k}: '{v}'\n" for k, v in hosts.tpu_vm_metadata(rt).items())
+    if key == "worker-network-endpoints":
+        addresses = hosts.tpu_vm_worker_addresses(rt)
+        return ",".join(f"xlasim-w-{i}:{i}:{ip}" for i, ip in enumerate(addresses))
+    raise NotImplementedError(
+        f"xlasim does not simulate the TPU VM metadata attribute {key!r} "
+        "(served: 'tpu-env', 'worker-network-endpoints')"
+    )
+
+
 def task_id() -> int | None:
     return xu.getenv_as(xenv.CLOUD_TPU_TASK_ID, int)
 
@@ -86,7 +103,7 @@ def get_tpu_env() -> dict[str, Any]:
     """The ``tpu-env`` description of this host (from the variables, or the metadata)."""
     if _using_env_vars():
         return build_tpu_env_from_vars()
-    return dict(hosts.tpu_vm_metadata(state.current()))
+    return yaml.safe_load(_get_metadata("tpu-env"))
 
 
 _VERSION = re.compile(r"^(?:v|tpu)(\d)[A-Za-z]{0,7}-\d+$")
@@ -109,8 +126,8 @@ def get_tpu_type() -> str:
 def get_worker_ips() -> list[str]:
     if _using_env_vars():
         names = xu.getenv_as(xenv.TPU_WORKER_HOSTNAMES, str, "").split(",")
-    else:
-        names = hosts.tpu_vm_worker_addresses(state.current())
+    else:  # 'hostname:id:address' per worker
+        names = [w.split(":")[2] for w in _get_metadata("worker-network-endpoints").split(",")]
     return names if len(names) > 1 else ["localhost"]
 
 
