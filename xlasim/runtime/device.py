@@ -25,7 +25,7 @@ import torch
 from torch.autograd.variable import Variable
 from torch.utils._mode_utils import no_dispatch
 
-from xlasim.runtime import autocast, privateuse1
+from xlasim.runtime import autocast, op_checks, privateuse1
 
 # Besides the guard, one op: resizing a wrapper tensor's own metadata, which out= ops and
 # in-place view ops (arange(out=), t_()) change on the wrapped CPU tensor.
@@ -493,7 +493,17 @@ class FactoryKernels:
             dst.resize_(src.shape)
             return copy_into(src, dst)
 
+        # torch's own full() makes an empty tensor and fills it; torch_xla checks the sizes
+        # first, with its own message.
+        def full(size, fill_value, dtype=None, layout=None, device=None, pin_memory=None):
+            op_checks.check(torch.ops.aten.full.default, (size, fill_value), {})
+            if dtype is None:  # full()'s inference from the fill value
+                dtype = torch.full((), fill_value).dtype
+            new = torch.empty(size, dtype=dtype, layout=layout, device=device)
+            return new.fill_(fill_value)
+
         copy_into = self._copy_into
+        lib.impl("full", full)
         lib.impl("empty.memory_format", empty_memory_format)
         lib.impl("empty_strided", empty_strided)
         lib.impl("_copy_from", copy_from)

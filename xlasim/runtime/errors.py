@@ -59,12 +59,22 @@ def _broadcast(tensors: list[torch.Tensor], message: str) -> str | None:
         return None
     a, b = tensors[0], tensors[1]
     out_rank = max(a.dim(), b.dim())
-    dim = int(m.group(3))
+    # torch names the innermost clash; XLA the outermost (measured on torch_xla 2.9: f32[2,2,4,4]
+    # vs. f32[2,2] names dimension 2 of the first).
+    clashes = [
+        d
+        for d in range(out_rank)
+        if (da := d - (out_rank - a.dim())) >= 0
+        and (db := d - (out_rank - b.dim())) >= 0
+        and a.shape[da] != b.shape[db]
+        and 1 not in (a.shape[da], b.shape[db])
+    ]
+    dim = clashes[0] if clashes else int(m.group(3))
     da, db = dim - (out_rank - a.dim()), dim - (out_rank - b.dim())
     sa, sb = xla_shape(a), xla_shape(b)
     return (
         f"Shapes are not compatible for broadcasting: {sa} vs. {sb}. Expected dimension {da} "
-        f"of shape {sa} ({m.group(1)}) to match dimension {db} of shape {sb} ({m.group(2)}). "
+        f"of shape {sa} ({a.shape[da]}) to match dimension {db} of shape {sb} ({b.shape[db]}). "
         "Either that or that any of them is either 1 or unbounded. Try reshaping one of the "
         "tensors to match the other."
     )

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from xlasim.runtime import dry_run, memory
+from xlasim.runtime import dry_run, memory, op_checks
 from xlasim.runtime import errors as _errors
 from xlasim.runtime import graph as _graph
 from xlasim.runtime import graph_limit as _graph_limit
@@ -693,6 +693,7 @@ def _run(info: _OpInfo, args: Any, kwargs: Any) -> Any:
             kwargs["generator"] = runtime.generator
     elif info.generator:
         kwargs = {"generator": runtime.generator}
+    op_checks.check(info.op, tuple(cargs), kwargs)
     try:
         out = info.call(*cargs, **kwargs) if kwargs else info.call(*cargs)
     except RuntimeError as exc:
