@@ -181,6 +181,22 @@ def test_arithmetic_mixes_devices_dtypes_and_autograd_as_on_cpu(tpu: Any) -> Non
     assert torch.equal(x.grad.cpu(), torch.tensor([1.5, 1.0]))
 
 
+def test_arithmetic_with_a_cpu_tensor_raises_as_torch_does(tpu: Any) -> None:
+    # torch's rule (its TensorIterator check; the same on CUDA): a CPU tensor other than a
+    # 0-dim scalar cannot join a device tensor's op.
+    on = torch.ones(2, device="tpu")
+    same = r"^Expected all tensors to be on the same device, but found at least two devices, "
+    with pytest.raises(RuntimeError, match=same + r"tpu:0 and cpu!$"):
+        on + torch.ones(2)
+    with pytest.raises(RuntimeError, match=same + r"cpu and tpu:0!$"):
+        torch.ones(2).mul(on.sum())  # a 0-dim tpu tensor is no CPU scalar
+    with pytest.raises(RuntimeError, match=same + r"tpu:0 and cpu!"):
+        on.add_(torch.ones(2))
+    with pytest.raises(RuntimeError, match=same + r"tpu:0 and cpu!"):
+        torch.ones(2, 2, device="tpu") @ torch.ones(2, 2)
+    assert torch.equal((on * torch.tensor(3.0)).cpu(), torch.full((2,), 3.0))
+
+
 def test_set_shares_the_other_tensors_memory(tpu: Any) -> None:
     target = torch.zeros(2, device="tpu")
     source = torch.arange(4.0, device="tpu")

@@ -677,7 +677,13 @@ void fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 // dispatcher's stack, and from torch 2.13 on, a second C++ reference to a tensor that Python
 // holds takes the GIL to keep its Python object alive: two round trips through the GIL per
 // argument, the largest part of a tiny op's cost on the fallback.
+// Checks the operands' devices as torch's TensorIterator does (a CPU scalar may join any
+// device; any other pair must share one) and returns the tpu index the result goes to.
 c10::DeviceIndex index_of(const at::Tensor& a, const at::Tensor& b) {
+  auto placed = [](const at::Tensor& t) { return t.device().type() == kTpu || t.dim() > 0; };
+  TORCH_CHECK(!placed(a) || !placed(b) || a.device() == b.device(),
+              "Expected all tensors to be on the same device, but found at least two devices, ",
+              a.device(), " and ", b.device(), "!");
   return (a.device().type() == kTpu ? a : b).device().index();
 }
 
@@ -688,6 +694,7 @@ at::Tensor with_alpha(const at::Tensor& a, const at::Tensor& b, const at::Scalar
 
 template <at::Tensor& (*Cpu)(at::Tensor&, const at::Tensor&, const at::Scalar&)>
 at::Tensor& with_alpha_(at::Tensor& a, const at::Tensor& b, const at::Scalar& alpha) {
+  index_of(a, b);
   at::Tensor view = host(a);
   Cpu(view, host(b), alpha);
   return a;
@@ -700,12 +707,14 @@ at::Tensor plain(const at::Tensor& a, const at::Tensor& b) {
 
 template <at::Tensor& (*Cpu)(at::Tensor&, const at::Tensor&)>
 at::Tensor& plain_(at::Tensor& a, const at::Tensor& b) {
+  index_of(a, b);
   at::Tensor view = host(a);
   Cpu(view, host(b));
   return a;
 }
 
 at::Tensor mm(const at::Tensor& a, const at::Tensor& b) {
+  index_of(a, b);
   if (g_emulate.load()) {
     return at::_ops::mm::redispatch(c10::DispatchKeySet(c10::DispatchKey::PrivateUse3), a, b);
   }
