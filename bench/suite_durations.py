@@ -12,6 +12,13 @@ write one, then prints
 
     python bench/suite_durations.py report.xml               # a report from an earlier run
     python bench/suite_durations.py --run -- -n 2 --dist loadgroup tests conformance
+    python bench/suite_durations.py --run --cpu -- -n 2 --dist loadgroup tests conformance
+
+``--cpu`` adds each file's CPU seconds, the processes its tests start included (simulated
+hosts, child runs, Ray clusters), and the run's total: on a machine others load, wall times
+measure their load, CPU times do not, and ``-n N`` on C cores cannot end before the total CPU
+divided by C. It needs a writable cgroup v1 ``cpuacct`` hierarchy (:data:`CPUACCT`, root in a
+container); see ``bench/_cpu_accounting.py``.
 
 Run from the repository root.  Timings vary with the machine's load (its load average is
 printed with a run); compare runs taken back to back on the same machine.
@@ -21,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import json
 import os
 import subprocess
 import sys
@@ -30,8 +38,10 @@ import xml.etree.ElementTree as ET
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+CPUACCT = Path("/sys/fs/cgroup/cpuacct")
 
 
 @dataclass(frozen=True)
@@ -154,12 +164,55 @@ def report(cases: list[Case], top: int, workers: int) -> None:
     )
 
 
-def run_pytest(args: list[str]) -> tuple[Path, int]:
-    out = Path(tempfile.mkdtemp(prefix="suite-durations-")) / "report.xml"
+def cpu_report(records: list[dict[str, Any]], total_s: float, top: int) -> None:
+    """Per file: CPU seconds of its tests (with everything they started), tests; the run's
+    total, which also counts what ran outside any test (collection, worker start-up)."""
+    per_file: dict[str, list[float]] = defaultdict(list)
+    for r in records:
+        per_file[r["nodeid"].split("::", 1)[0]].append(r["cpu_s"])
+    in_tests = sum(sum(v) for v in per_file.values())
+    print(f"\nCPU: {total_s:.0f} s in all, {in_tests:.0f} s in tests")
+    print(f"slowest {top} tests by CPU:")
+    for r in sorted(records, key=lambda r: -r["cpu_s"])[:top]:
+        print(f"  {r['cpu_s']:8.1f} s  {r['nodeid']}")
+    print("per file (CPU, tests):")
+    for file, secs in sorted(per_file.items(), key=lambda kv: -sum(kv[1])):
+        if sum(secs) >= 0.5:
+            print(f"  {sum(secs):8.1f} s  {len(secs):4d}  {file}")
+    cores = os.cpu_count() or 1
+    print(f"on {cores} CPUs no run ends before {total_s / cores:.0f} s (CPU in all / {cores})")
+
+
+def _cpu_cgroup() -> Path:
+    cgroup = CPUACCT / f"suite-durations-{os.getpid()}"
+    try:
+        cgroup.mkdir()
+    except OSError as exc:
+        raise SystemExit(f"--cpu needs a writable cgroup v1 cpuacct hierarchy: {exc}") from None
+    return cgroup
+
+
+def _cgroup_usage_s(cgroup: Path) -> float:
+    return sum(int((d / "cpuacct.usage").read_text()) / 1e9 for d in cgroup.iterdir() if d.is_dir())
+
+
+def run_pytest(args: list[str], cpu: bool = False) -> tuple[Path, int, list[dict[str, Any]], float]:
+    tmp = Path(tempfile.mkdtemp(prefix="suite-durations-"))
+    out = tmp / "report.xml"
     cmd = [sys.executable, "-m", "pytest", f"--junitxml={out}", *args]
+    env = dict(os.environ)
+    cgroup = None
+    if cpu:
+        cgroup = _cpu_cgroup()
+        cmd[3:3] = ["-p", "_cpu_accounting"]
+        env["PYTHONPATH"] = os.pathsep.join(
+            filter(None, [str(ROOT / "bench"), env.get("PYTHONPATH")])
+        )
+        env["XLASIM_BENCH_CPU_CGROUP"] = str(cgroup)
+        env["XLASIM_BENCH_CPU_OUT"] = str(tmp / "cpu")
     print("$", " ".join(cmd), flush=True)
     start = time.monotonic()
-    proc = subprocess.run(cmd, cwd=ROOT)
+    proc = subprocess.run(cmd, cwd=ROOT, env=env)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(
         f"\npytest exited {proc.returncode} after {time.monotonic() - start:.0f} s wall "
@@ -167,13 +220,27 @@ def run_pytest(args: list[str]) -> tuple[Path, int]:
     )
     if not out.exists():
         raise SystemExit("pytest wrote no report")
-    return out, proc.returncode
+    records: list[dict[str, Any]] = []
+    total_s = 0.0
+    if cgroup is not None:
+        for path in sorted(tmp.glob("cpu.*")):
+            records += [json.loads(line) for line in path.read_text().splitlines()]
+        total_s = _cgroup_usage_s(cgroup)
+        for d in [*(d for d in cgroup.iterdir() if d.is_dir()), cgroup]:
+            try:
+                d.rmdir()
+            except OSError:  # a process of the run outlived it: the cgroup stays with it
+                print(f"(left {d}: a process of the run is still in it)")
+    return out, proc.returncode, records, total_s
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("report", nargs="?", type=Path, help="a JUnit XML report")
     parser.add_argument("--run", action="store_true", help="run pytest (arguments after --)")
+    parser.add_argument(
+        "--cpu", action="store_true", help="with --run: CPU seconds per file (cgroup v1, root)"
+    )
     parser.add_argument("--top", type=int, default=20, help="how many slowest tests to list")
     parser.add_argument("-n", "--workers", type=int, default=2, help="xdist workers to assume")
     argv = sys.argv[1:] if argv is None else argv
@@ -182,13 +249,19 @@ def main(argv: list[str] | None = None) -> int:
     ns = parser.parse_args(argv[:split])
     pytest_args = argv[split + 1 :]
     rc = 0
+    records: list[dict[str, Any]] = []
+    total_cpu_s = 0.0
+    if ns.cpu and not ns.run:
+        parser.error("--cpu measures a run: give --run too")
     if ns.run:
-        path, rc = run_pytest(pytest_args)
+        path, rc, records, total_cpu_s = run_pytest(pytest_args, cpu=ns.cpu)
     elif ns.report is not None:
         path = ns.report
     else:
         parser.error("give a report, or --run -- PYTEST_ARGS")
     report(read_report(path), ns.top, ns.workers)
+    if ns.cpu:
+        cpu_report(records, total_cpu_s, ns.top)
     # A run that collected nothing or failed is reported, and its exit status kept.
     return rc
 
