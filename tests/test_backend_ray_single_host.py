@@ -82,12 +82,37 @@ def test_single_host_mesh_is_1d_over_all_devices(v6e_8_cluster, tmp_path):
     assert 1 <= rec["uncached_compile"] <= 2
 
 
-def test_mesh_override_reaches_the_worker(v6e_8_cluster, tmp_path):
-    cfg = tpu_backend.TPUTorchConfig(mesh_shape=(2, 4), axis_names=("data", "model"))
+@pytest.fixture(scope="module")
+def mesh_and_cache_run(tpu_clusters, tmp_path_factory):
+    """One fit for two settings a worker applies independently at bootstrap: a mesh override
+    and a compilation cache (each fit costs a Ray Train run's workers and actors). Returns the
+    host's record and the cache directory."""
+    tpu_clusters.get("2x4", "v6e", num_cpus_per_host=CPUS_PER_HOST["2x4"], startup_timeout_s=120)
+    tmp_path = tmp_path_factory.mktemp("mesh_and_cache")
+    cache = tmp_path / "xla-cache"
+    cfg = tpu_backend.TPUTorchConfig(
+        mesh_shape=(2, 4),
+        axis_names=("data", "model"),
+        compilation_cache_dir=str(cache),
+        compilation_cache_readonly="auto",
+    )
     trainer, out = _trainer(tmp_path, torch_config=cfg, steps=2)
     fit_with_deadline(trainer, FIT_TIMEOUT_S)
     (rec,) = demo.read_records(out)
+    return rec, cache
+
+
+def test_mesh_override_reaches_the_worker(mesh_and_cache_run):
+    rec, _ = mesh_and_cache_run
     assert rec["mesh_shape"] == [2, 4] and rec["axis_names"] == ["data", "model"]
+
+
+def test_compilation_cache_is_opened_at_bootstrap(mesh_and_cache_run):
+    _, cache = mesh_and_cache_run  # the fixture found the host's record of the run
+    # keyed by slice and torch_xla version; the only host writes the compiled programs
+    (version_dir,) = (cache / "v6e-8-2x4").iterdir()
+    assert version_dir.name.startswith("torch_xla-")
+    assert any(version_dir.iterdir()), "no compiled program was written to the cache"
 
 
 def test_config_for_a_different_host_fails_fast(v6e_8_cluster, tmp_path):
@@ -137,20 +162,6 @@ def test_plain_ray_trainer_with_our_config(v6e_8_cluster, tmp_path):
     fit_with_deadline(trainer, FIT_TIMEOUT_S)
     (rec,) = demo.read_records(out)
     assert rec["mesh_shape"] == [8] and rec["process_group"] == "gloo"
-
-
-def test_compilation_cache_is_opened_at_bootstrap(v6e_8_cluster, tmp_path):
-    cache = tmp_path / "xla-cache"
-    cfg = tpu_backend.TPUTorchConfig(
-        compilation_cache_dir=str(cache), compilation_cache_readonly="auto"
-    )
-    trainer, out = _trainer(tmp_path, torch_config=cfg, steps=2)
-    fit_with_deadline(trainer, FIT_TIMEOUT_S)
-    assert demo.read_records(out)
-    # keyed by slice and torch_xla version; the only host writes the compiled programs
-    (version_dir,) = (cache / "v6e-8-2x4").iterdir()
-    assert version_dir.name.startswith("torch_xla-")
-    assert any(version_dir.iterdir()), "no compiled program was written to the cache"
 
 
 @pytest.mark.parametrize(
