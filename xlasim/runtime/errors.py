@@ -61,7 +61,10 @@ def _broadcast(tensors: list[torch.Tensor], message: str) -> str | None:
     out_rank = max(a.dim(), b.dim())
     dim = int(m.group(3))
     da, db = dim - (out_rank - a.dim()), dim - (out_rank - b.dim())
-    sa, sb = xla_shape(a), xla_shape(b)
+    # torch_xla brings both operands to their common type first (measured on torch_xla 2.9:
+    # an s32 and an s64 operand are both written s64).
+    common = xla_type(torch.promote_types(a.dtype, b.dtype))
+    sa, sb = (f"{common}[{','.join(map(str, t.shape))}]" for t in (a, b))
     return (
         f"Shapes are not compatible for broadcasting: {sa} vs. {sb}. Expected dimension {da} "
         f"of shape {sa} ({m.group(1)}) to match dimension {db} of shape {sb} ({m.group(2)}). "
