@@ -129,3 +129,32 @@ def test_static_without_the_variable(xlasim_sim, monkeypatch):
     t = torch.nonzero(torch.tensor([1, 0, 3], device="xla"))
     assert t.shape == (2, 1) and isinstance(t.shape[0], int) and t.dtype == torch.int64
     assert "aten::nonzero" in met.executed_fallback_ops()
+
+
+def test_ir_text_writes_the_bounds(dynamic):
+    import torch_xla
+
+    x = torch.tensor([1, 0, 3, 5, 0, 6], device="xla")
+    n = torch.nonzero(x)
+    assert torch_xla._XLAC._get_xla_tensors_text([n]) == (
+        "IR {\n"
+        "  %0 = s64[6]{0} xla::device_data(), xla_shape=s64[6]{0}\n"
+        "  %1 = (s32[<=6,1]{1,0}, s32[]) aten::nonzero(%0), num_outputs=2, "
+        "xla_shape=(s32[<=6,1]{1,0}, s32[]), ROOT=0\n"
+        "}\n"
+    )
+    mask = torch.tensor([True, False, True, True, False, False], device="xla")
+    assert torch_xla._XLAC._get_xla_tensors_text([torch.masked_select(x, mask)]) == (
+        "IR {\n"
+        "  %0 = pred[6]{0} xla::device_data(), xla_shape=pred[6]{0}\n"
+        "  %1 = s64[6]{0} xla::device_data(), xla_shape=s64[6]{0}\n"
+        "  %2 = (s64[<=6]{0}, s32[]) aten::masked_select(%1, %0), num_outputs=2, "
+        "xla_shape=(s64[<=6]{0}, s32[]), ROOT=0\n"
+        "}\n"
+    )
+    torch_xla.sync()
+    assert torch_xla._XLAC._get_xla_tensors_text([n]) == (
+        "IR {\n  %0 = s32[<=6,1]{1,0} xla::device_data(), xla_shape=s32[<=6,1]{1,0}, ROOT=0\n}\n"
+    )
+    # A synced dynamic tensor is an input of later graphs like any other.
+    assert int((n * 2).cpu().sum()) == 2 * (0 + 2 + 3 + 5)

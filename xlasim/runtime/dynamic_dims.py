@@ -293,6 +293,24 @@ def concrete(a: Any) -> Any:
     return a
 
 
+class Bound(int):
+    """A dynamic dimension in an XLA shape: its bound, written ``<=N`` (``s32[<=6,1]``).
+    Hashed apart from the static dimension of the same size: XLA compiles them apart."""
+
+    def __str__(self) -> str:
+        return f"<={int(self)}"
+
+    __repr__ = __str__
+
+    def __hash__(self) -> int:
+        return hash((int(self), 1))
+
+
+def xla_shape(t: torch.Tensor) -> tuple[int, ...]:
+    """``t``'s XLA shape: its sizes, each dynamic one as its :class:`Bound`."""
+    return tuple(Bound(_bound(s)) if is_dynamic(s) else int(s) for s in t.shape)
+
+
 def _bound(size: Any) -> int:
     bound: int = size.node.bound
     return bound

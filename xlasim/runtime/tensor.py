@@ -564,7 +564,8 @@ def _op_info(op: Any) -> _OpInfo:
 def _leaf_key(t: XlaSimTensor) -> tuple[Any, ...]:
     """A device-data input as the graph hash sees it (made an ``InputInfo`` only on demand)."""
     sharding = t._sharding
-    return (tuple(t.shape), t.dtype, sharding.op.to_string() if sharding else "")
+    shape = _dynamic_dims.xla_shape(t) if _dynamic_dims.SEEN else tuple(t.shape)
+    return (shape, t.dtype, sharding.op.to_string() if sharding else "")
 
 
 def _arg_key(a: Any) -> Any:
