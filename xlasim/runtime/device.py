@@ -26,6 +26,7 @@ from torch.autograd.variable import Variable
 from torch.utils._mode_utils import no_dispatch
 
 from xlasim.runtime import autocast, op_checks, privateuse1
+from xlasim.runtime.dynamic_dims import concrete
 
 # Besides the guard, one op: resizing a wrapper tensor's own metadata, which out= ops and
 # in-place view ops (arange(out=), t_()) change on the wrapped CPU tensor.
@@ -451,7 +452,7 @@ class FactoryKernels:
 
     def __init__(
         self,
-        wrap_new: Callable[[torch.Tensor, torch.device], torch.Tensor],
+        wrap_new: Callable[[torch.Tensor, torch.device, Any], torch.Tensor],
         copy_into: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
         reserve: Callable[[Any, torch.dtype | None, torch.device | None], None],
         storage: Callable[[], torch.device],
@@ -476,14 +477,20 @@ class FactoryKernels:
         ):
             reserve(size, dtype, device)
             values = torch.empty(
-                size, dtype=dtype, layout=layout, memory_format=memory_format, device=storage()
+                concrete(size),
+                dtype=dtype,
+                layout=layout,
+                memory_format=memory_format,
+                device=storage(),
             )
-            return wrap_new(values, device)
+            return wrap_new(values, device, size)
 
         def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
             reserve(size, dtype, device)
-            values = torch.empty_strided(size, stride, dtype=dtype, layout=layout, device=storage())
-            return wrap_new(values, device)
+            values = torch.empty_strided(
+                concrete(size), concrete(stride), dtype=dtype, layout=layout, device=storage()
+            )
+            return wrap_new(values, device, size)
 
         # Reached instead of the Python key where torch excludes it (torch.tensor(..., device=)).
         def copy_from(src, dst, non_blocking=False):

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from xlasim.runtime import dynamic_dims
 from xlasim.sharding.messages import torch_xla_error
 
 aten = torch.ops.aten
@@ -59,22 +60,27 @@ def _broadcast(tensors: list[torch.Tensor], message: str) -> str | None:
         return None
     a, b = tensors[0], tensors[1]
     out_rank = max(a.dim(), b.dim())
-    # torch names the innermost clash; XLA the outermost (measured on torch_xla 2.9: f32[2,2,4,4]
-    # vs. f32[2,2] names dimension 2 of the first).
+    # XLA checks the static shapes (a dynamic dimension at its bound) and names the outermost
+    # clash, where torch names the innermost (measured on torch_xla 2.9: f32[2,2,4,4] vs.
+    # f32[2,2] names dimension 2 of the first).
+    sizes_a, sizes_b = dynamic_dims.bounds(a.shape), dynamic_dims.bounds(b.shape)
     clashes = [
         d
         for d in range(out_rank)
         if (da := d - (out_rank - a.dim())) >= 0
         and (db := d - (out_rank - b.dim())) >= 0
-        and a.shape[da] != b.shape[db]
-        and 1 not in (a.shape[da], b.shape[db])
+        and sizes_a[da] != sizes_b[db]
+        and 1 not in (sizes_a[da], sizes_b[db])
     ]
     dim = clashes[0] if clashes else int(m.group(3))
     da, db = dim - (out_rank - a.dim()), dim - (out_rank - b.dim())
-    sa, sb = xla_shape(a), xla_shape(b)
+    # torch_xla brings both operands to their common type first (measured on torch_xla 2.9:
+    # an s32 and an s64 operand are both written s64).
+    common = xla_type(torch.promote_types(a.dtype, b.dtype))
+    sa, sb = (f"{common}[{','.join(map(str, t.shape))}]" for t in (a, b))
     return (
         f"Shapes are not compatible for broadcasting: {sa} vs. {sb}. Expected dimension {da} "
-        f"of shape {sa} ({a.shape[da]}) to match dimension {db} of shape {sb} ({b.shape[db]}). "
+        f"of shape {sa} ({sizes_a[da]}) to match dimension {db} of shape {sb} ({sizes_b[db]}). "
         "Either that or that any of them is either 1 or unbounded. Try reshaping one of the "
         "tensors to match the other."
     )

@@ -24,6 +24,7 @@ import torch
 
 from xlasim.runtime import debug_analysis
 from xlasim.runtime.donation import BufferDonors
+from xlasim.runtime.dynamic_dims import bounds
 from xlasim.runtime.errors import xla_type
 from xlasim.runtime.hbm import HBM, settle_all
 from xlasim.runtime.metrics import Metrics
@@ -660,7 +661,7 @@ class GraphCache:
         else:
             # Without a real compiler only the inputs' and outputs' sizes are known.
             inputs = sum(_nbytes(i.shape, i.dtype) for i in record.inputs)
-            outputs = sum(_nbytes(tuple(t.shape), t.dtype) for t in tensors)
+            outputs = sum(_nbytes(bounds(t.shape), t.dtype) for t in tensors)
             sizes = (inputs, outputs, None, None, None)
         debug_analysis.post_compilation_analysis(key, sizes, self.use_eager_mode)
 

@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tpu_backend.topology import SliceSpec
+from xlasim.runtime.dynamic_dims import bounds
 from xlasim.runtime.settings import ENFORCE_HBM_ENV, env_bool
 from xlasim.sharding.device_layout import device_attributes
 from xlasim.sharding.op_sharding import ProtoType
@@ -236,13 +237,13 @@ class Buffer:
 def layout_of(t: Any, spmd: bool, num_devices: int) -> tuple[Devices, int]:
     """:func:`layout` of simulated device tensor ``t`` as it is now."""
     return layout(
-        tuple(t.shape), t.dtype.itemsize, t._sharding, t._device.index or 0, spmd, num_devices
+        bounds(t.shape), t.dtype.itemsize, t._sharding, t._device.index or 0, spmd, num_devices
     )
 
 
 def _key(t: Any, spmd: bool) -> tuple[Any, ...]:
     """What a tensor's buffer layout depends on."""
-    return (t.shape, t.dtype, t._sharding, spmd, t._device.index)
+    return (bounds(t.shape), t.dtype, t._sharding, spmd, t._device.index)
 
 
 def _marked(buf: Buffer) -> bool:

@@ -8,26 +8,33 @@ elementwise add, sub, mul and div of tensors of one dtype, ``pow`` of a floating
 Python number (the number a ``prim::Constant()`` of the tensor's type, whatever its value) and
 ``floor_divide`` of floating tensors (an ``aten::div`` node, then an ``aten::floor`` one); any
 other op, or a Python number among other ops' operands, raises NotImplementedError instead of
-inventing text. Under ``XLA_USE_BF16``/``XLA_DOWNCAST_BF16``/``XLA_USE_32BIT_LONG`` a value
+inventing text. With ``XLA_EXPERIMENTAL`` naming them, ``nonzero`` and ``masked_select`` are
+nodes of two outputs (``(s32[<=6,1]{1,0}, s32[]) aten::nonzero(%0), num_outputs=2``), a
+dynamic dimension written ``<=N``; an op on such a value is not written. Under
+``XLA_USE_BF16``/``XLA_DOWNCAST_BF16``/``XLA_USE_32BIT_LONG`` a value
 shows the type the device stores it in.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
 from xlasim.runtime import legacy_bf16, legacy_long
+from xlasim.runtime.dynamic_dims import Bound
 from xlasim.runtime.errors import xla_type
 from xlasim.runtime.graph import Node
 from xlasim.runtime.tensor import XlaSimTensor, device_data_key
 
 aten = torch.ops.aten
+_DYNAMIC = frozenset({aten.nonzero.default, aten.masked_select.default})
 _WITH_ALPHA = {aten.add.Tensor: "aten::add", aten.sub.Tensor: "aten::sub"}
 _PLAIN = {aten.mul.Tensor: "aten::mul", aten.div.Tensor: "aten::div"}
 _WRITTEN = "written: device data, add/sub/mul/div of two tensors with alpha 1, pow of a "
-_WRITTEN += "floating tensor by a number, floor_divide of floating tensors"
+_WRITTEN += "floating tensor by a number, floor_divide of floating tensors, nonzero and "
+_WRITTEN += "masked_select lowered with a dynamic dimension (XLA_EXPERIMENTAL) but no op on them"
 
 
 def _shape(dtype: torch.dtype, dims: tuple[int, ...]) -> str:
@@ -47,6 +54,7 @@ class _Printer:
     def __init__(self, float_storage: str | None, long_storage: bool | None) -> None:
         self.lines: list[str] = []
         self.ids: dict[int, tuple[int, torch.dtype]] = {}  # id(IR value) -> (number, dtype)
+        self.dynamic: dict[int, bool] = {}  # id(IR value) -> whether its shape is dynamic
         self.storage = float_storage or legacy_bf16.OFF
         self.long_storage = long_storage
 
@@ -69,7 +77,9 @@ class _Printer:
     def dtype(self, item: Any) -> torch.dtype:
         if not isinstance(item, Node):
             return item[1]
-        if item.op is aten.pow.Tensor_Scalar:
+        if item.op is aten.nonzero.default:
+            return torch.int32  # torch_xla's index type (measured on CPU)
+        if item.op is aten.pow.Tensor_Scalar or item.op is aten.masked_select.default:
             return self.dtype(item.inputs[0])
         a, b = (self.dtype(operand) for operand in item.inputs)
         return torch.promote_types(a, b)
@@ -100,10 +110,49 @@ class _Printer:
         )
         return self._emit(id(item), dtype, shape, f"aten::floor(%{quotient})"), dtype
 
+    def _dynamic_shape(self, item: Any) -> bool:
+        """Whether the value's shape has a dynamic dimension."""
+        known = self.dynamic.get(id(item))
+        if known is None:
+            if not isinstance(item, Node):
+                known = any(isinstance(d, Bound) for d in item[0])
+            else:
+                known = item.op in _DYNAMIC or any(self._dynamic_shape(o) for o in item.inputs)
+            self.dynamic[id(item)] = known
+        return known
+
+    def _static_dims(self, item: Any) -> tuple[int, ...]:
+        return tuple(item.shape or ()) if isinstance(item, Node) else tuple(item[0])
+
+    def _dynamic(self, item: Node) -> tuple[int, torch.dtype]:
+        """``nonzero``/``masked_select`` lowered with a dynamic first dimension
+        (``XLA_EXPERIMENTAL``): a node of two outputs, the values and their count."""
+        if any(self._dynamic_shape(o) for o in item.inputs):
+            raise _unwritten(item.op)
+        dims = [self._static_dims(o) for o in item.inputs]
+        count = math.prod(torch.broadcast_shapes(*dims))
+        values = (count, len(dims[0])) if item.op is aten.nonzero.default else (count,)
+        dtype = self.dtype(item)
+        numbers = [self.value(o)[0] for o in reversed(item.inputs)][::-1]
+        shape = self._shape(dtype, tuple(Bound(d) if i == 0 else d for i, d in enumerate(values)))
+        shapes = f"({shape}, {self._shape(torch.int32, ())})"
+        number = len(self.lines)
+        self.ids[id(item)] = (number, dtype)
+        operands = ", ".join(f"%{n}" for n in numbers)
+        self.lines.append(
+            f"  %{number} = {shapes} {item.op._schema.name}({operands}), num_outputs=2, "
+            f"xla_shape={shapes}"
+        )
+        return number, dtype
+
     def value(self, item: Any) -> tuple[int, torch.dtype]:
         known = self.ids.get(id(item))
         if known is not None:
             return known
+        if isinstance(item, Node) and item.op in _DYNAMIC:
+            return self._dynamic(item)
+        if isinstance(item, Node) and any(self._dynamic_shape(o) for o in item.inputs):
+            raise _unwritten(item.op)  # an op on a dynamic value: its shape is not written
         if not isinstance(item, Node):  # a device-data key: (shape, dtype, sharding)
             shape = self._shape(item[1], tuple(item[0]))
             self._emit(id(item), item[1], shape, "xla::device_data()")

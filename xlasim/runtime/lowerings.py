@@ -14,18 +14,15 @@ first, which for most such ops creates the result and calls the op's ``out=`` va
 
 from __future__ import annotations
 
-import os
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import torch
 
-KERNELS_FILE = Path(__file__).with_name("xla_kernels_2_9.txt")
+from xlasim.runtime.dynamic_dims import EXPERIMENTS, experiment_on
 
-# Ops torch_xla registers a kernel for that still hands them to its CPU fallback unless the
-# named experiment is in XLA_EXPERIMENTAL (colon-separated): their lowering has a dynamic shape.
-_OPT_IN = {"aten::nonzero": "nonzero", "aten::masked_select": "masked_select"}
+KERNELS_FILE = Path(__file__).with_name("xla_kernels_2_9.txt")
 
 _COMPOSITE = "CompositeExplicitAutograd"
 _IMPLICIT = "CompositeImplicitAutograd"
@@ -83,14 +80,8 @@ def fallback_name(op: Any) -> str | None:
     once per op: the dispatcher keeps it with the op's other facts."""
     if not isinstance(op, torch._ops.OpOverload) or op.namespace != "aten":
         return None
-    if _qualified(op) in _OPT_IN:
-        experiment = _OPT_IN[_qualified(op)]
-        if experiment in os.environ.get("XLA_EXPERIMENTAL", "").split(":"):
-            raise NotImplementedError(
-                f"xlasim does not simulate XLA_EXPERIMENTAL={experiment}: torch_xla then lowers "
-                f"{_qualified(op)} with a dynamic output shape"
-            )
-        return _qualified(op)
+    if _qualified(op) in EXPERIMENTS:  # lowered with a dynamic output shape when asked for
+        return None if experiment_on(_qualified(op)) else _qualified(op)
     if _lowered(op):
         return None
     if torch._C._dispatch_has_kernel_for_dispatch_key(_qualified(op), _IMPLICIT):

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from xlasim.runtime import dry_run, memory, op_checks
+from xlasim.runtime import dynamic_dims as _dynamic_dims
 from xlasim.runtime import errors as _errors
 from xlasim.runtime import graph as _graph
 from xlasim.runtime import graph_limit as _graph_limit
@@ -236,33 +237,128 @@ class XlaSimTensor(torch.Tensor):
         info = _op_info(func)
         if info.metadata:
             return _METADATA[func]
-        if _COPIES_SEEN and info.written:
-            _refuse_copy_writes(info, args, kwargs)
-            # Counted here too for the paths that write without ``_update``: a CPU fallback,
-            # an argument written but not returned.
-            _count_written(info, args, kwargs)
-        if _MANUAL_SEEN and _any_manual(args, kwargs):
-            return _run_per_device(info, args, kwargs or {})
-        if info.handler is not None:
-            out = info.handler(func, args, kwargs or {})
-        elif info.fallback is not None:
-            return _cpu_fallback(info, info.fallback, args, kwargs or {})
-        elif info.identity:
-            return _identity(info, args[0])
-        elif _graph.RECORD_CALLS:
-            out = _run_recorded(info, args, kwargs)
-        else:
-            out = _run(info, args, kwargs)
-        if _COPIES_SEEN and info.view:
-            _inherit_copy(args[0], out)
-        if _graph.EAGER_SEEN:
-            graphs = _runtime.current().graphs
-            if graphs.use_eager_mode:
-                _run_eagerly(graphs, out)
-        return out
+        if _dynamic_dims.SEEN and _dynamic_dims.involved(args, kwargs):
+            return _dynamic_op(info, args, kwargs)
+        return _dispatch(info, args, kwargs)
 
 
 _make_wrapper = torch.Tensor._make_wrapper_subclass
+
+
+def _dispatch(info: _OpInfo, args: Any, kwargs: Any) -> Any:
+    """One op call on xla tensors of static shapes."""
+    func = info.op
+    if _COPIES_SEEN and info.written:
+        _refuse_copy_writes(info, args, kwargs)
+        # Counted here too for the paths that write without ``_update``: a CPU fallback,
+        # an argument written but not returned.
+        _count_written(info, args, kwargs)
+    if _MANUAL_SEEN and _any_manual(args, kwargs):
+        return _run_per_device(info, args, kwargs or {})
+    if info.handler is not None:
+        out = info.handler(func, args, kwargs or {})
+    elif info.fallback is not None:
+        return _cpu_fallback(info, info.fallback, args, kwargs or {})
+    elif info.identity:
+        return _identity(info, args[0])
+    elif _graph.RECORD_CALLS:
+        out = _run_recorded(info, args, kwargs)
+    else:
+        out = _run(info, args, kwargs)
+    if _COPIES_SEEN and info.view:
+        _inherit_copy(args[0], out)
+    if _graph.EAGER_SEEN:
+        graphs = _runtime.current().graphs
+        if graphs.use_eager_mode:
+            _run_eagerly(graphs, out)
+    return out
+
+
+def _dynamic_op(info: _OpInfo, args: Any, kwargs: Any) -> Any:
+    """An op with an operand of a dynamic dimension, or given a dynamic size: it computes on
+    the real sizes, and its new results then take their dynamic dimensions."""
+    _dynamic_dims.check_operands(info.op, args)
+    at_bounds = None
+    if not _dynamic_dims.view_op(info.op):  # XLA's static check comes first; a view's after
+        try:
+            at_bounds = _dynamic_dims.static_shapes(info.op, args, kwargs)
+        except RuntimeError as exc:
+            message = _errors.translate(info.op, tuple(args), exc)
+            if message is None:
+                raise
+            raise RuntimeError(message) from None
+    try:
+        out = _dispatch(
+            info,
+            tuple(_dynamic_dims.concrete(a) for a in args),
+            {k: _dynamic_dims.concrete(v) for k, v in kwargs.items()} if kwargs else kwargs,
+        )
+    except RuntimeError:
+        misfit = _dynamic_dims.view_misfit(info.op, args)
+        if misfit is None:
+            raise
+        raise misfit from None
+    inputs = {id(a) for a in args if type(a) is XlaSimTensor}
+    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    if not any(type(o) is XlaSimTensor and id(o) not in inputs for o in outs):
+        return out  # in place, or a result on the host
+    sizes = _dynamic_dims.output_sizes(
+        info.op, args, kwargs, out, at_bounds, _runtime.current().metrics
+    )
+    for i, (o, dims) in enumerate(zip(outs, sizes, strict=True)):
+        if dims is None or type(o) is not XlaSimTensor or id(o) in inputs:
+            continue
+        if any(_dynamic_dims.is_dynamic(d) for d in dims):
+            outs[i] = with_sizes(o, dims)
+    return type(out)(outs) if isinstance(out, (tuple, list)) else outs[0]
+
+
+def with_sizes(t: XlaSimTensor, sizes: list[Any]) -> XlaSimTensor:
+    """``t``'s value with ``sizes``, dynamic ones among them (the new wrapper holds the same
+    value; the old one is dropped)."""
+    _dynamic_dims.SEEN = True
+    r = _make_wrapper(
+        XlaSimTensor,
+        sizes,
+        None,
+        None,
+        None,
+        t.dtype,
+        t.layout,
+        t._device,
+        False,
+        False,
+        "strides",
+    )
+    for slot in XlaSimTensor.__slots__:
+        setattr(r, slot, getattr(t, slot))
+    if t._node is not None:
+        t._rt.graphs.pending.append(weakref.ref(r))
+    return r
+
+
+def _dynamic_result(func, args, kwargs):
+    """``nonzero``/``masked_select``: torch_xla's CPU fallback, or with the op named in
+    ``XLA_EXPERIMENTAL`` (read at each call) its lowering, whose first dimension is dynamic,
+    bounded by the element count. torch_xla runs the graph of the size when it makes the
+    tensor (it compiles once per graph, as any other)."""
+    info = _op_info(func)
+    if not _dynamic_dims.lowered_dynamic(func):
+        return _cpu_fallback(info, fallback_name(func) or "", args, kwargs)
+    out = _run_op(func, args, kwargs)
+    elem = out._elem
+    if func is aten.nonzero.default:
+        bound = args[0].numel()
+        elem = elem.to(torch.int32)  # torch_xla 2.9's index type (measured on CPU)
+    else:
+        bound = torch.broadcast_shapes(args[0].shape, args[1].shape).numel()
+    value = _new(elem, out._device, out._node, out._rt)
+    sizes = [_dynamic_dims.dynamic(bound, elem.shape[0], out._rt.metrics), *elem.shape[1:]]
+    t = with_sizes(value, sizes)
+    size = derived(t, torch.tensor(elem.shape[0], dtype=torch.int32), "aten::size")
+    materialize([size])
+    return t
+
 
 # The metadata queries a wrapper made with the "strides" policy sends here, and the answers:
 # torch_xla's tensors are contiguous in every memory format (channels-last included: XLA owns
@@ -468,7 +564,8 @@ def _op_info(op: Any) -> _OpInfo:
 def _leaf_key(t: XlaSimTensor) -> tuple[Any, ...]:
     """A device-data input as the graph hash sees it (made an ``InputInfo`` only on demand)."""
     sharding = t._sharding
-    return (tuple(t.shape), t.dtype, sharding.op.to_string() if sharding else "")
+    shape = _dynamic_dims.xla_shape(t) if _dynamic_dims.SEEN else tuple(t.shape)
+    return (shape, t.dtype, sharding.op.to_string() if sharding else "")
 
 
 def _arg_key(a: Any) -> Any:
@@ -1235,7 +1332,7 @@ def reserve_factory(size: Any, dtype: torch.dtype | None, device: torch.device |
     """Before a factory allocates: the device must exist and the tensor must fit its HBM."""
     runtime = _runtime.current()
     index = device_index(runtime, device)
-    memory.reserve(runtime, size, dtype or torch.get_default_dtype(), index)
+    memory.reserve(runtime, _dynamic_dims.bounds(size), dtype or torch.get_default_dtype(), index)
 
 
 def _foreign(t: XlaSimTensor, runtime: Any) -> RuntimeError:
@@ -1259,8 +1356,12 @@ def owned(t: XlaSimTensor) -> Any:
     return runtime
 
 
-def wrap_factory(elem: torch.Tensor, device: torch.device | None) -> XlaSimTensor:
-    """A tensor made on the device by a factory op: pending IR, like torch_xla's constants."""
+def wrap_factory(
+    elem: torch.Tensor, device: torch.device | None, sizes: Any = None
+) -> XlaSimTensor:
+    """A tensor made on the device by a factory op: pending IR, like torch_xla's constants.
+    ``sizes``: the sizes asked for, when they may hold dynamic ones (``elem`` has the real
+    sizes)."""
     t = wrap_data(elem, device)
     runtime = _runtime.current()
     call = (
@@ -1284,6 +1385,8 @@ def wrap_factory(elem: torch.Tensor, device: torch.device | None) -> XlaSimTenso
         # Its spec stays unset all the same, so a ``.to('xla')`` reports ``''`` until used
         # (measured on torch_xla 2.9 under SPMD, where a filled factory reports replicated).
         t._sharding = None
+    if sizes is not None and any(_dynamic_dims.is_dynamic(d) for d in sizes):
+        return with_sizes(t, list(sizes))
     return t
 
 
@@ -1736,6 +1839,8 @@ _SPECIAL = {
     aten.view.dtype: _layout_view,
     aten.view_as_complex.default: _layout_view,
     aten.view_as_real.default: _layout_view,
+    aten.nonzero.default: _dynamic_result,
+    aten.masked_select.default: _dynamic_result,
 }
 
 

@@ -284,10 +284,10 @@ def _get_xla_tensor_shape_type(t: torch.Tensor) -> str:
 
 
 def _get_xla_tensor_dimension_size(t: torch.Tensor, dim: int) -> torch.Tensor:
-    """Size ``dim`` of ``t`` as an s32 XLA scalar (shapes are static in the simulator)."""
+    """Size ``dim`` of ``t`` as an s32 XLA scalar: a dynamic dimension's real size."""
     if not isinstance(t, XlaSimTensor):
         raise expected_xla_tensor(t, "")
-    return torch.tensor(t.shape[dim], dtype=torch.int32, device=t.device)
+    return torch.tensor(int(t.shape[dim]), dtype=torch.int32, device=t.device)
 
 
 def _unsafe_buffer_pointer(t: torch.Tensor) -> int:
