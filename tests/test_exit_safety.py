@@ -106,3 +106,16 @@ def test_exit_after_a_backward_pass_under_env_activation(race_shim):
     _assert_clean_exit(out)
     assert out.stdout.strip() == "[2.0, 2.0, 2.0]"
     assert RELEASED_LATE in out.stderr, "the shim did not set up the race: " + out.stderr
+
+
+@pytest.mark.skipif(
+    not os.path.exists(os.path.join(sysconfig.get_paths()["purelib"], "xlasim.pth")),
+    reason="xlasim is not installed in this environment (no xlasim.pth in site-packages)",
+)
+def test_exit_with_grad_mode_off(race_shim):
+    # Inference programs (and upstream's assume_pure tests) turn grad mode off for good; the
+    # exit-time backward pass that drains the device threads still runs.
+    program = BACKWARD + "    torch.set_grad_enabled(False)\n"
+    out = _run(race_shim, program, {"XLASIM_TOPOLOGY": "2x2"})
+    _assert_clean_exit(out)
+    assert "could not wait" not in out.stderr, out.stderr
