@@ -564,3 +564,182 @@ def test_unary_elementwise_ops_keep_their_operand_layout(xla_target):
         "f32[2,3]{1,0} %logistic.6)",
         "}",
     )
+
+
+# select, stack and mean: the texts are real torch_xla 2.9's on PJRT CPU for these programs.
+def test_select_is_a_one_wide_slice_reshaped_without_its_dim(xla_target):
+    import torch_xla  # noqa: F401  (registers the xla device)
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 4, 5).to("xla")
+    y = torch.randn(4, 5).to("xla")
+    v = torch.randn(4).to("xla")
+    assert _hlo([x[1], x.select(1, -1)]) == _text(
+        "HloModule IrToHlo.7, entry_computation_layout={(f32[3,4,5]{2,1,0})->(f32[4,5]{1,0}, "
+        "f32[3,5]{1,0})}",
+        "",
+        "ENTRY %IrToHlo.7 (p0.1: f32[3,4,5]) -> (f32[4,5], f32[3,5]) {",
+        "  %p0.1 = f32[3,4,5]{2,1,0} parameter(0)",
+        "  %slice.2 = f32[1,4,5]{2,1,0} slice(f32[3,4,5]{2,1,0} %p0.1), slice={[1:2], [0:4], "
+        "[0:5]}",
+        "  %reshape.3 = f32[4,5]{1,0} reshape(f32[1,4,5]{2,1,0} %slice.2)",
+        "  %slice.4 = f32[3,1,5]{2,1,0} slice(f32[3,4,5]{2,1,0} %p0.1), slice={[0:3], [3:4], "
+        "[0:5]}",
+        "  %reshape.5 = f32[3,5]{1,0} reshape(f32[3,1,5]{2,1,0} %slice.4)",
+        "  ROOT %tuple.6 = (f32[4,5]{1,0}, f32[3,5]{1,0}) tuple(f32[4,5]{1,0} %reshape.3, "
+        "f32[3,5]{1,0} %reshape.5)",
+        "}",
+    )
+    # A rank-1 select gives a scalar; the slice of a transposed value has the default layout.
+    assert _hlo([v[-1], y.t()[1]]) == _text(
+        "HloModule IrToHlo.9, entry_computation_layout={(f32[4]{0}, f32[4,5]{1,0})->(f32[], "
+        "f32[4]{0})}",
+        "",
+        "ENTRY %IrToHlo.9 (p0.1: f32[4], p1.4: f32[4,5]) -> (f32[], f32[4]) {",
+        "  %p0.1 = f32[4]{0} parameter(0)",
+        "  %slice.2 = f32[1]{0} slice(f32[4]{0} %p0.1), slice={[3:4]}",
+        "  %reshape.3 = f32[] reshape(f32[1]{0} %slice.2)",
+        "  %p1.4 = f32[4,5]{1,0} parameter(1)",
+        "  %transpose.5 = f32[5,4]{0,1} transpose(f32[4,5]{1,0} %p1.4), dimensions={1,0}",
+        "  %slice.6 = f32[1,4]{1,0} slice(f32[5,4]{0,1} %transpose.5), slice={[1:2], [0:4]}",
+        "  %reshape.7 = f32[4]{0} reshape(f32[1,4]{1,0} %slice.6)",
+        "  ROOT %tuple.8 = (f32[], f32[4]{0}) tuple(f32[] %reshape.3, f32[4]{0} %reshape.7)",
+        "}",
+    )
+
+
+def test_stack_reshapes_each_input_in_order_then_concatenates(xla_target):
+    import torch_xla  # noqa: F401  (registers the xla device)
+
+    torch.manual_seed(0)
+    y = torch.randn(4, 5).to("xla")
+    v = torch.randn(4).to("xla")
+    # One parameter for y, one reshape per listed input (y twice).
+    assert _hlo([torch.stack([y, y.sin(), y])]) == _text(
+        "HloModule IrToHlo.8, entry_computation_layout={(f32[4,5]{1,0})->(f32[3,4,5]{2,1,0})}",
+        "",
+        "ENTRY %IrToHlo.8 (p0.1: f32[4,5]) -> (f32[3,4,5]) {",
+        "  %p0.1 = f32[4,5]{1,0} parameter(0)",
+        "  %reshape.3 = f32[1,4,5]{2,1,0} reshape(f32[4,5]{1,0} %p0.1)",
+        "  %sine.2 = f32[4,5]{1,0} sine(f32[4,5]{1,0} %p0.1)",
+        "  %reshape.4 = f32[1,4,5]{2,1,0} reshape(f32[4,5]{1,0} %sine.2)",
+        "  %reshape.5 = f32[1,4,5]{2,1,0} reshape(f32[4,5]{1,0} %p0.1)",
+        "  %concatenate.6 = f32[3,4,5]{2,1,0} concatenate(f32[1,4,5]{2,1,0} %reshape.3, "
+        "f32[1,4,5]{2,1,0} %reshape.4, f32[1,4,5]{2,1,0} %reshape.5), dimensions={0}",
+        "  ROOT %tuple.7 = (f32[3,4,5]{2,1,0}) tuple(f32[3,4,5]{2,1,0} %concatenate.6)",
+        "}",
+    )
+    # A single input still gets a concatenate; the inputs' own ops lower last first.
+    assert _hlo([torch.stack([y], -1), torch.stack([v[0], v[1]])]) == _text(
+        "HloModule IrToHlo.13, entry_computation_layout={(f32[4,5]{1,0}, "
+        "f32[4]{0})->(f32[4,5,1]{2,1,0}, f32[2]{0})}",
+        "",
+        "ENTRY %IrToHlo.13 (p0.1: f32[4,5], p1.4: f32[4]) -> (f32[4,5,1], f32[2]) {",
+        "  %p0.1 = f32[4,5]{1,0} parameter(0)",
+        "  %reshape.2 = f32[4,5,1]{2,1,0} reshape(f32[4,5]{1,0} %p0.1)",
+        "  %concatenate.3 = f32[4,5,1]{2,1,0} concatenate(f32[4,5,1]{2,1,0} %reshape.2), "
+        "dimensions={2}",
+        "  %p1.4 = f32[4]{0} parameter(1)",
+        "  %slice.7 = f32[1]{0} slice(f32[4]{0} %p1.4), slice={[0:1]}",
+        "  %reshape.8 = f32[] reshape(f32[1]{0} %slice.7)",
+        "  %reshape.9 = f32[1]{0} reshape(f32[] %reshape.8)",
+        "  %slice.5 = f32[1]{0} slice(f32[4]{0} %p1.4), slice={[1:2]}",
+        "  %reshape.6 = f32[] reshape(f32[1]{0} %slice.5)",
+        "  %reshape.10 = f32[1]{0} reshape(f32[] %reshape.6)",
+        "  %concatenate.11 = f32[2]{0} concatenate(f32[1]{0} %reshape.9, f32[1]{0} "
+        "%reshape.10), dimensions={0}",
+        "  ROOT %tuple.12 = (f32[4,5,1]{2,1,0}, f32[2]{0}) tuple(f32[4,5,1]{2,1,0} "
+        "%concatenate.3, f32[2]{0} %concatenate.11)",
+        "}",
+    )
+
+
+def test_mean_scales_the_sum_by_a_guarded_reciprocal_then_converts(xla_target):
+    import torch_xla  # noqa: F401  (registers the xla device)
+
+    torch.manual_seed(0)
+    x = torch.randn(3, 4, 5).to("xla")
+    y = torch.randn(4, 5).to("xla")
+    # The sum's element count (unused by a sum) feeds 1/count, NaN for no elements.
+    assert _hlo([x.mean(-1)]) == _text(
+        "HloModule IrToHlo.20, entry_computation_layout={(f32[3,4,5]{2,1,0})->(f32[3,4]{1,0})}",
+        "",
+        "%AddComputation.4 (x.5: f32[], y.6: f32[]) -> f32[] {",
+        "  %x.5 = f32[] parameter(0)",
+        "  %y.6 = f32[] parameter(1)",
+        "  ROOT %add.7 = f32[] add(f32[] %x.5, f32[] %y.6)",
+        "}",
+        "",
+        "ENTRY %IrToHlo.20 (p0.1: f32[3,4,5]) -> (f32[3,4]) {",
+        "  %p0.1 = f32[3,4,5]{2,1,0} parameter(0)",
+        "  %constant.2 = f32[] constant(0)",
+        "  %reduce.8 = f32[3,4]{1,0} reduce(f32[3,4,5]{2,1,0} %p0.1, f32[] %constant.2), "
+        "dimensions={2}, to_apply=%AddComputation.4",
+        "  %constant.3 = s32[] constant(5)",
+        "  %constant.9 = s32[] constant(0)",
+        "  %compare.14 = pred[] compare(s32[] %constant.3, s32[] %constant.9), direction=NE",
+        "  %constant.10 = f32[] constant(1)",
+        "  %convert.12 = f32[] convert(s32[] %constant.3)",
+        "  %divide.13 = f32[] divide(f32[] %constant.10, f32[] %convert.12)",
+        "  %constant.11 = f32[] constant(nan)",
+        "  %select.15 = f32[] select(pred[] %compare.14, f32[] %divide.13, f32[] %constant.11)",
+        "  %broadcast.16 = f32[3,4]{1,0} broadcast(f32[] %select.15), dimensions={}",
+        "  %multiply.17 = f32[3,4]{1,0} multiply(f32[3,4]{1,0} %reduce.8, f32[3,4]{1,0} "
+        "%broadcast.16)",
+        "  %convert.18 = f32[3,4]{1,0} convert(f32[3,4]{1,0} %multiply.17)",
+        "  ROOT %tuple.19 = (f32[3,4]{1,0}) tuple(f32[3,4]{1,0} %convert.18)",
+        "}",
+    )
+    # keepdim reshapes before the convert; a mean of everything multiplies two scalars.
+    assert _hlo([x.mean((0, 2), keepdim=True), y.t().mean()]) == _text(
+        "HloModule IrToHlo.39, entry_computation_layout={(f32[3,4,5]{2,1,0}, "
+        "f32[4,5]{1,0})->(f32[1,4,1]{2,1,0}, f32[])}",
+        "",
+        "%AddComputation.4 (x.5: f32[], y.6: f32[]) -> f32[] {",
+        "  %x.5 = f32[] parameter(0)",
+        "  %y.6 = f32[] parameter(1)",
+        "  ROOT %add.7 = f32[] add(f32[] %x.5, f32[] %y.6)",
+        "}",
+        "",
+        "%AddComputation.24 (x.25: f32[], y.26: f32[]) -> f32[] {",
+        "  %x.25 = f32[] parameter(0)",
+        "  %y.26 = f32[] parameter(1)",
+        "  ROOT %add.27 = f32[] add(f32[] %x.25, f32[] %y.26)",
+        "}",
+        "",
+        "ENTRY %IrToHlo.39 (p0.1: f32[3,4,5], p1.20: f32[4,5]) -> (f32[1,4,1], f32[]) {",
+        "  %p0.1 = f32[3,4,5]{2,1,0} parameter(0)",
+        "  %constant.2 = f32[] constant(0)",
+        "  %reduce.8 = f32[4]{0} reduce(f32[3,4,5]{2,1,0} %p0.1, f32[] %constant.2), "
+        "dimensions={0,2}, to_apply=%AddComputation.4",
+        "  %constant.3 = s32[] constant(15)",
+        "  %constant.9 = s32[] constant(0)",
+        "  %compare.14 = pred[] compare(s32[] %constant.3, s32[] %constant.9), direction=NE",
+        "  %constant.10 = f32[] constant(1)",
+        "  %convert.12 = f32[] convert(s32[] %constant.3)",
+        "  %divide.13 = f32[] divide(f32[] %constant.10, f32[] %convert.12)",
+        "  %constant.11 = f32[] constant(nan)",
+        "  %select.15 = f32[] select(pred[] %compare.14, f32[] %divide.13, f32[] %constant.11)",
+        "  %broadcast.16 = f32[4]{0} broadcast(f32[] %select.15), dimensions={}",
+        "  %multiply.17 = f32[4]{0} multiply(f32[4]{0} %reduce.8, f32[4]{0} %broadcast.16)",
+        "  %reshape.18 = f32[1,4,1]{2,1,0} reshape(f32[4]{0} %multiply.17)",
+        "  %convert.19 = f32[1,4,1]{2,1,0} convert(f32[1,4,1]{2,1,0} %reshape.18)",
+        "  %p1.20 = f32[4,5]{1,0} parameter(1)",
+        "  %transpose.21 = f32[5,4]{0,1} transpose(f32[4,5]{1,0} %p1.20), dimensions={1,0}",
+        "  %constant.22 = f32[] constant(0)",
+        "  %reduce.28 = f32[] reduce(f32[5,4]{0,1} %transpose.21, f32[] %constant.22), "
+        "dimensions={0,1}, to_apply=%AddComputation.24",
+        "  %constant.23 = s32[] constant(20)",
+        "  %constant.29 = s32[] constant(0)",
+        "  %compare.34 = pred[] compare(s32[] %constant.23, s32[] %constant.29), direction=NE",
+        "  %constant.30 = f32[] constant(1)",
+        "  %convert.32 = f32[] convert(s32[] %constant.23)",
+        "  %divide.33 = f32[] divide(f32[] %constant.30, f32[] %convert.32)",
+        "  %constant.31 = f32[] constant(nan)",
+        "  %select.35 = f32[] select(pred[] %compare.34, f32[] %divide.33, f32[] %constant.31)",
+        "  %multiply.36 = f32[] multiply(f32[] %reduce.28, f32[] %select.35)",
+        "  %convert.37 = f32[] convert(f32[] %multiply.36)",
+        "  ROOT %tuple.38 = (f32[1,4,1]{2,1,0}, f32[]) tuple(f32[1,4,1]{2,1,0} %convert.19, "
+        "f32[] %convert.37)",
+        "}",
+    )

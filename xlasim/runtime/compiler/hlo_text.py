@@ -46,6 +46,7 @@ _BINARY = {
     aten.div_.Tensor: "divide",
 }
 _SUM = {aten.sum.default, aten.sum.dim_IntList}
+_MEAN = {aten.mean.default, aten.mean.dim}
 _TRANSPOSE = {aten.t.default, aten.transpose.int, aten.permute.default}
 _RESHAPE = {aten.view.default, aten._unsafe_view.default, aten.reshape.default}
 _IDENTITY = {aten.clone.default}
@@ -66,17 +67,16 @@ _BARRIER = "xla::optimization_barrier"
 _MULTI_OUTPUT = {aten.max.dim, _BARRIER}
 # Ops whose IR operands are just their tensor inputs.
 _TENSOR_OPERANDS = frozenset(
-    {*_SUM, *_TRANSPOSE, *_RESHAPE, *_IDENTITY, *_UNARY, aten.relu.default, aten.mm.default}
-    | {aten.expand.default, *_MULTI_OUTPUT}
+    {*_SUM, *_MEAN, *_TRANSPOSE, *_RESHAPE, *_IDENTITY, *_UNARY, aten.relu.default}
+    | {aten.mm.default, aten.expand.default, aten.select.int, aten.stack.default, *_MULTI_OUTPUT}
 )
 
 SUPPORTED = (
     "device data and Python scalars, add/sub/rsub (with alpha), mul, div, mm, t, transpose, "
-    "addmm (a Linear layer), permute, view/reshape, expand, sum (all or some dims), max over "
-    "a dim, relu, sin, cos, exp, log, tanh, neg, abs, sqrt, rsqrt, sigmoid, clone, "
-    "optimization barriers, "
-    "ones_like of a "
-    "scalar (autograd's seed), and torch_xla's "
+    "addmm (a Linear layer), permute, view/reshape, expand, select, stack, sum and mean (all "
+    "or some dims), max over a dim, relu, sin, cos, exp, log, tanh, neg, abs, sqrt, rsqrt, "
+    "sigmoid, clone, optimization barriers, ones_like of a scalar (autograd's seed), and "
+    "torch_xla's "
     "custom-sharding nodes (mark_sharding of a pending value, annotate_custom_sharding, "
     "in-place updates of sharded tensors, _spmd_full_to_shard_shape, "
     "_spmd_shard_to_full_shape), the SPMD all-reduce and reduce-scatter of a manual region "
@@ -470,6 +470,13 @@ class _Lowering:
             return b.op("reshape", dims, [x])
         if op in _SUM:
             return self.sum(item, x, consts, kwargs)
+        if op in _MEAN:
+            return self.mean(item, x, consts, kwargs)
+        if op is aten.select.int:
+            return self.select(x, consts[0] % rank, consts[1])
+        if op is aten.stack.default:
+            given = consts[1] if len(consts) > 1 else kwargs.get("dim", 0)
+            return self.stack(ins, given % (rank + 1))
         if op is aten.expand.default:
             sizes = tuple(
                 x.dims[i - len(consts[0]) + rank] if n == -1 else n for i, n in enumerate(consts[0])
@@ -596,36 +603,99 @@ class _Lowering:
         return [values, indices]
 
     def sum(self, node: Node, x: _Instr, consts: list[Any], kwargs: dict[str, Any]) -> _Instr:
+        dims, keepdim = _reduced_dims(node, x, consts, kwargs)
+        reduced, _ = self.reduce_sum(x, dims)
+        return self.kept(reduced, x, dims) if keepdim else reduced
+
+    def reduce_sum(self, x: _Instr, dims: list[int]) -> tuple[_Instr, _Instr]:
+        """The add-reduce over ``dims`` and the s32 count of the elements it adds, which
+        torch_xla makes just after the reduce's initial value (a sum leaves it unused)."""
         b = self.b
-        rank = len(x.dims)
-        if node.op is aten.sum.default:
-            dims = list(range(rank))
-            keepdim, dtype = False, kwargs.get("dtype")
-        else:
-            given = consts[0] if consts else kwargs.get("dim")
-            keepdim = bool(consts[1]) if len(consts) > 1 else bool(kwargs.get("keepdim", False))
-            dtype = kwargs.get("dtype")
-            if not given:
-                raise _unsupported(f"{node.op} over an empty or unnamed dim list")
-            dims = sorted({d % rank for d in given})
-        if dtype is not None or not rank:
-            raise _unsupported(f"{node.op} with a dtype or of a rank-0 tensor")
         init = b.constant(x.dtype, 0)
         count = 1
         for d in dims:
             count *= x.dims[d]
-        b.constant("s32", count)  # torch_xla makes it; nothing uses it
+        elements = b.constant("s32", count)
         to_apply = b.add_computation(x.dtype)
         out = tuple(n for i, n in enumerate(x.dims) if i not in dims)
-        reduced = b.op(
+        reduced = b.add(
             "reduce",
+            x.dtype,
             out,
+            None,
             [x, init],
-            ", dimensions={" + ",".join(map(str, dims)) + "}, to_apply=%" + to_apply,
+            attrs=", dimensions={" + _ints(dims) + "}, to_apply=%" + to_apply,
         )
+        return reduced, elements
+
+    def kept(self, reduced: _Instr, x: _Instr, dims: list[int]) -> _Instr:
+        """keepdim: the reduced value reshaped to ``x``'s rank, size 1 where it was reduced."""
+        return self.b.reshape(reduced, tuple(1 if i in dims else n for i, n in enumerate(x.dims)))
+
+    def mean(self, node: Node, x: _Instr, consts: list[Any], kwargs: dict[str, Any]) -> _Instr:
+        """torch_xla's mean: the sum times 1/count (NaN for no elements, chosen by a select),
+        then a convert to the result type, even when it is the same."""
+        b = self.b
+        dims, keepdim = _reduced_dims(node, x, consts, kwargs)
+        reduced, count = self.reduce_sum(x, dims)
+        zero = b.constant("s32", 0)
+        one = b.constant(x.dtype, 1)
+        nan = b.add("constant", x.dtype, (), "constant(nan)")
+        as_float = b.add("convert", x.dtype, (), None, [count])
+        inverse = b.op("divide", (), [one, as_float])
+        nonzero = b.add("compare", "pred", (), None, [count, zero], attrs=", direction=NE")
+        scale = b.add("select", x.dtype, (), None, [nonzero, inverse, nan])
+        mean = _binary(b, "multiply", reduced, scale)
         if keepdim:
-            return b.reshape(reduced, tuple(1 if i in dims else n for i, n in enumerate(x.dims)))
-        return reduced
+            mean = self.kept(mean, x, dims)
+        return b.op("convert", mean.dims, [mean])
+
+    def select(self, x: _Instr, dim: int, index: int) -> _Instr:
+        """torch_xla's select: a one-wide slice along ``dim``, reshaped without it."""
+        size = x.dims[dim]
+        if not -size <= index < size:
+            raise _unsupported(f"select of index {index} out of a dimension of {size}")
+        start = index % size
+        bounds = [(start, start + 1) if i == dim else (0, n) for i, n in enumerate(x.dims)]
+        sliced = self.b.add(
+            "slice",
+            x.dtype,
+            [stop - begin for begin, stop in bounds],
+            None,
+            [x],
+            attrs=", slice={" + ", ".join(f"[{begin}:{stop}]" for begin, stop in bounds) + "}",
+        )
+        return self.b.reshape(sliced, [n for i, n in enumerate(x.dims) if i != dim])
+
+    def stack(self, ins: list[_Instr], dim: int) -> _Instr:
+        """torch_xla's stack: each input reshaped with a size-1 ``dim``, in order, then one
+        concatenate along it (also of a single input)."""
+        b = self.b
+        dims = ins[0].dims
+        if any(x.dims != dims for x in ins):
+            raise _unsupported("stack of tensors of different shapes")
+        one = (*dims[:dim], 1, *dims[dim:])
+        parts = [b.reshape(x, one) for x in ins]
+        out = (*dims[:dim], len(ins), *dims[dim:])
+        return b.op("concatenate", out, parts, f", dimensions={{{dim}}}")
+
+
+def _reduced_dims(
+    node: Node, x: _Instr, consts: list[Any], kwargs: dict[str, Any]
+) -> tuple[list[int], bool]:
+    """The sorted dims a sum or mean reduces and its keepdim."""
+    rank = len(x.dims)
+    if node.op in (aten.sum.default, aten.mean.default):
+        dims, keepdim = list(range(rank)), False
+    else:
+        given = consts[0] if consts else kwargs.get("dim")
+        keepdim = bool(consts[1]) if len(consts) > 1 else bool(kwargs.get("keepdim", False))
+        if not given:
+            raise _unsupported(f"{node.op} over an empty or unnamed dim list")
+        dims = sorted({d % rank for d in given})
+    if kwargs.get("dtype") is not None or not rank:
+        raise _unsupported(f"{node.op} with a dtype or of a rank-0 tensor")
+    return dims, keepdim
 
 
 def _permutation(op: Any, consts: list[Any], rank: int) -> list[int]:

@@ -7,9 +7,10 @@ forward graph over the steps and, on ``backward()``, the backward graph over the
 from the activations the forward graph saved. What AOTAutograd refuses to trace (a ``fn``
 that mutates a tensor it captured) fails here as there. torch_xla lowers the step graph into
 one XLA While loop; the simulator runs the graph once per step on its lazy tensors, so values
-and gradients are torch_xla's while the recorded graph is the unrolled loop: its HLO text has
-no ``while`` (asking for it raises NotImplementedError, as for any op the simulator does not
-write) and its compile accounting differs.
+and gradients are torch_xla's while the recorded graph is the unrolled loop: its IR and HLO
+texts have each step's ops (the steps' slices of ``xs`` as selects, the outputs stacked) where
+torch_xla's have one ``xla::scan`` node lowered to a ``while`` calling the step's computation,
+and its compile accounting differs.
 
 The traced graphs of a ``fn`` declared pure are kept in ``_SCAN_COMPUTATION_CACHE``
 (``fn`` -> (partition_fn id, shapes, dtypes, tree specs) -> (forward, alias_input,
