@@ -1132,3 +1132,56 @@ def test_scan_layers_loop_of_linear_layers(xla_target):
         "  ROOT %tuple.112 = (f32[4]{0}) tuple(f32[4]{0} %get-tuple-element.107)",
         "}",
     )
+
+
+def test_einsum_linear_forward_is_a_dot_marked_without_gradients(xla_target):
+    import torch_xla
+
+    torch.manual_seed(0)
+    w = torch.randn(4, 2).to("xla")
+    x3 = torch.randn(4, 3, 2).to("xla")
+    x2 = torch.randn(5, 2).to("xla")
+    linear = torch.ops.xla.einsum_linear_forward
+    # Real torch_xla 2.9's texts on PJRT CPU: no reshape whatever the input's rank, and no
+    # operand precision even at 'highest' (unlike mm).
+    assert _hlo([linear(x3, w, None), linear(x2.sin(), w, None)]) == _text(
+        "HloModule IrToHlo.10, entry_computation_layout={(f32[4,2]{1,0}, f32[4,3,2]{2,1,0}, "
+        "f32[5,2]{1,0})->(f32[4,3,4]{2,1,0}, f32[5,4]{1,0})}",
+        "",
+        "ENTRY %IrToHlo.10 (p0.1: f32[4,2], p1.2: f32[4,3,2], p2.5: f32[5,2]) -> (f32[4,3,4], "
+        "f32[5,4]) {",
+        "  %p1.2 = f32[4,3,2]{2,1,0} parameter(1)",
+        "  %p0.1 = f32[4,2]{1,0} parameter(0)",
+        "  %dot.3 = f32[4,3,4]{2,1,0} dot(f32[4,3,2]{2,1,0} %p1.2, f32[4,2]{1,0} %p0.1), "
+        "lhs_contracting_dims={2}, rhs_contracting_dims={1}, "
+        'frontend_attributes={grad_x="false",grad_y="false"}',
+        "  %transpose.4 = f32[4,3,4]{2,1,0} transpose(f32[4,3,4]{2,1,0} %dot.3), "
+        "dimensions={0,1,2}",
+        "  %p2.5 = f32[5,2]{1,0} parameter(2)",
+        "  %sine.6 = f32[5,2]{1,0} sine(f32[5,2]{1,0} %p2.5)",
+        "  %dot.7 = f32[5,4]{1,0} dot(f32[5,2]{1,0} %sine.6, f32[4,2]{1,0} %p0.1), "
+        "lhs_contracting_dims={1}, rhs_contracting_dims={1}, "
+        'frontend_attributes={grad_x="false",grad_y="false"}',
+        "  %transpose.8 = f32[5,4]{1,0} transpose(f32[5,4]{1,0} %dot.7), dimensions={0,1}",
+        "  ROOT %tuple.9 = (f32[4,3,4]{2,1,0}, f32[5,4]{1,0}) tuple(f32[4,3,4]{2,1,0} "
+        "%transpose.4, f32[5,4]{1,0} %transpose.8)",
+        "}",
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the simulator's note on the pending values' level
+        torch_xla._XLAC._xla_set_mat_mul_precision("highest")
+    assert _hlo([linear(x3, w, None)]) == _text(
+        "HloModule IrToHlo.6, entry_computation_layout={(f32[4,2]{1,0}, "
+        "f32[4,3,2]{2,1,0})->(f32[4,3,4]{2,1,0})}",
+        "",
+        "ENTRY %IrToHlo.6 (p0.1: f32[4,2], p1.2: f32[4,3,2]) -> (f32[4,3,4]) {",
+        "  %p1.2 = f32[4,3,2]{2,1,0} parameter(1)",
+        "  %p0.1 = f32[4,2]{1,0} parameter(0)",
+        "  %dot.3 = f32[4,3,4]{2,1,0} dot(f32[4,3,2]{2,1,0} %p1.2, f32[4,2]{1,0} %p0.1), "
+        "lhs_contracting_dims={2}, rhs_contracting_dims={1}, "
+        'frontend_attributes={grad_x="false",grad_y="false"}',
+        "  %transpose.4 = f32[4,3,4]{2,1,0} transpose(f32[4,3,4]{2,1,0} %dot.3), "
+        "dimensions={0,1,2}",
+        "  ROOT %tuple.5 = (f32[4,3,4]{2,1,0}) tuple(f32[4,3,4]{2,1,0} %transpose.4)",
+        "}",
+    )

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from xlasim.runtime import custom_ops
 from xlasim.runtime import graph as _graph
 from xlasim.runtime.debug_info import holds_data_ir
 from xlasim.runtime.errors import xla_type
@@ -66,11 +67,14 @@ _UNARY = {
     aten.sigmoid.default: "logistic",
 }
 _BARRIER = "xla::optimization_barrier"
+# torch_xla's own op, registered by custom_ops.
+_EINSUM_LINEAR = custom_ops.einsum_linear_forward._opoverload
 _MULTI_OUTPUT = {aten.max.dim, _BARRIER}
 # Ops whose IR operands are just their tensor inputs.
 _TENSOR_OPERANDS = frozenset(
     {*_SUM, *_MEAN, *_TRANSPOSE, *_RESHAPE, *_SQUEEZE, *_IDENTITY, *_UNARY, aten.relu.default}
-    | {aten.mm.default, aten.expand.default, aten.select.int, aten.stack.default, *_MULTI_OUTPUT}
+    | {aten.mm.default, aten.expand.default, aten.select.int, aten.stack.default, _EINSUM_LINEAR}
+    | _MULTI_OUTPUT
 )
 
 # Ops that only move or copy elements: their lowering does not depend on the dtype.
@@ -80,7 +84,8 @@ _MOVES_ELEMENTS = frozenset(
 
 SUPPORTED = (
     "device data and Python scalars, add/sub/rsub (with alpha), mul, div, mm, t, transpose, "
-    "addmm (a Linear layer), permute, view/reshape, squeeze/unsqueeze, expand, select, stack, "
+    "addmm (a Linear layer), einsum_linear_forward without bias, permute, view/reshape, "
+    "squeeze/unsqueeze, expand, select, stack, "
     "sum and mean (all or some dims), max over a dim, relu, sin, cos, exp, log, tanh, neg, "
     "abs, sqrt, rsqrt, sigmoid, clone, optimization barriers, ones_like of a scalar "
     "(autograd's seed), torch_xla's custom-sharding nodes (mark_sharding of a pending value, "
@@ -551,6 +556,8 @@ class _Lowering:
             return self.barrier(ins)
         if op is aten.addmm.default:
             return self.addmm(item, *ins)
+        if op is _EINSUM_LINEAR:
+            return self.einsum_linear(*ins)
         if op is aten.rsub.Scalar:  # other - self * alpha
             scaled = _binary(b, "multiply", ins[0], ins[2])
             return _binary(b, "subtract", ins[1], scaled)
@@ -772,6 +779,25 @@ class _Lowering:
             )
             for i, x in enumerate(ins)
         ]
+
+    def einsum_linear(self, x: _Instr, *weight_and_bias: _Instr) -> _Instr:
+        """torch_xla's einsum ``...n,mn->...m``: a dot contracting the last dims, marked as
+        needing no gradient, then the einsum's (here identity) transpose."""
+        b = self.b
+        if len(weight_and_bias) != 1 or len(x.dims) < 2:
+            raise _unsupported(f"{_EINSUM_LINEAR} with a bias or of a rank-{len(x.dims)} input")
+        (weight,) = weight_and_bias
+        for operand in (x, weight):
+            _default_layout(operand, str(_EINSUM_LINEAR))
+        rank = len(x.dims)
+        dot = b.op(
+            "dot",
+            (*x.dims[:-1], weight.dims[0]),
+            [x, weight],
+            f", lhs_contracting_dims={{{rank - 1}}}, rhs_contracting_dims={{1}}, "
+            'frontend_attributes={grad_x="false",grad_y="false"}',
+        )
+        return b.op("transpose", dot.dims, [dot], f", dimensions={{{_ints(range(rank))}}}")
 
     def addmm(self, node: Node, mat1: _Instr, mat2: _Instr, bias: _Instr) -> _Instr:
         """A dot, then the bias expanded to its shape and added (beta and alpha 1)."""
