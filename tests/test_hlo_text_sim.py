@@ -53,3 +53,17 @@ def test_custom_annotated_data_keeps_no_debug_text(xlasim_sim):
     )
     with pytest.raises(NotImplementedError, match="pending op"):
         torch_xla._XLAC._get_xla_tensor_debug_info(x)
+
+
+def test_a_scan_step_using_a_python_number_is_refused(xlasim_sim):
+    import torch_xla
+    from torch_xla.experimental.scan import scan
+
+    # torch_xla passes a number other than 0 and 1 into the loop as a further ("hoisted")
+    # device-data parameter of the step; that lowering is not reproduced.
+    init, xs = torch.zeros(3).to("xla"), torch.ones(2, 3).to("xla")
+    final, _ = scan(lambda c, x: (c + x * 3, None), init, xs)
+    with pytest.raises(NotImplementedError, match="a scan step using a Python number"):
+        torch_xla._XLAC._get_xla_tensors_hlo([final])
+    final, _ = scan(lambda c, x: (c + x, None), init, xs)
+    assert "while(" in torch_xla._XLAC._get_xla_tensors_hlo([final])

@@ -60,7 +60,7 @@ class Node:
     custom-sharding node of mark_sharding), which consumers see in propagation.
     """
 
-    __slots__ = ("hash", "op", "inputs", "call", "args", "shape", "sharding")
+    __slots__ = ("hash", "op", "inputs", "call", "args", "shape", "sharding", "loop")
 
     def __init__(
         self,
@@ -78,6 +78,8 @@ class Node:
         self.args = args
         self.shape = shape
         self.sharding: Any = None
+        # (ScanLoop, output index) when the value is an output of scan's loop (scan_loop.py).
+        self.loop: Any = None
 
 
 class CustomCall:

@@ -28,10 +28,12 @@ from typing import Any
 
 import torch
 
+from xlasim.runtime import custom_ops
 from xlasim.runtime import graph as _graph
 from xlasim.runtime.debug_info import holds_data_ir
 from xlasim.runtime.errors import xla_type
 from xlasim.runtime.graph import CustomCall, ManualCollective, Node
+from xlasim.runtime.scan_loop import ScanLoop
 from xlasim.runtime.state import SimRuntime, active
 from xlasim.runtime.tensor import leaf_input
 
@@ -46,8 +48,10 @@ _BINARY = {
     aten.div_.Tensor: "divide",
 }
 _SUM = {aten.sum.default, aten.sum.dim_IntList}
+_MEAN = {aten.mean.default, aten.mean.dim}
 _TRANSPOSE = {aten.t.default, aten.transpose.int, aten.permute.default}
 _RESHAPE = {aten.view.default, aten._unsafe_view.default, aten.reshape.default}
+_SQUEEZE = {aten.squeeze.dim, aten.squeeze.dims, aten.unsqueeze.default}
 _IDENTITY = {aten.clone.default}
 # One XLA instruction each, keeping the operand's shape and layout.
 _UNARY = {
@@ -63,24 +67,33 @@ _UNARY = {
     aten.sigmoid.default: "logistic",
 }
 _BARRIER = "xla::optimization_barrier"
+# torch_xla's own op, registered by custom_ops.
+_EINSUM_LINEAR = custom_ops.einsum_linear_forward._opoverload
 _MULTI_OUTPUT = {aten.max.dim, _BARRIER}
 # Ops whose IR operands are just their tensor inputs.
 _TENSOR_OPERANDS = frozenset(
-    {*_SUM, *_TRANSPOSE, *_RESHAPE, *_IDENTITY, *_UNARY, aten.relu.default, aten.mm.default}
-    | {aten.expand.default, *_MULTI_OUTPUT}
+    {*_SUM, *_MEAN, *_TRANSPOSE, *_RESHAPE, *_SQUEEZE, *_IDENTITY, *_UNARY, aten.relu.default}
+    | {aten.mm.default, aten.expand.default, aten.select.int, aten.stack.default, _EINSUM_LINEAR}
+    | _MULTI_OUTPUT
+)
+
+# Ops that only move or copy elements: their lowering does not depend on the dtype.
+_MOVES_ELEMENTS = frozenset(
+    {*_TRANSPOSE, *_RESHAPE, *_SQUEEZE, *_IDENTITY, aten.select.int, aten.stack.default}
 )
 
 SUPPORTED = (
     "device data and Python scalars, add/sub/rsub (with alpha), mul, div, mm, t, transpose, "
-    "addmm (a Linear layer), permute, view/reshape, expand, sum (all or some dims), max over "
-    "a dim, relu, sin, cos, exp, log, tanh, neg, abs, sqrt, rsqrt, sigmoid, clone, "
-    "optimization barriers, "
-    "ones_like of a "
-    "scalar (autograd's seed), and torch_xla's "
-    "custom-sharding nodes (mark_sharding of a pending value, annotate_custom_sharding, "
-    "in-place updates of sharded tensors, _spmd_full_to_shard_shape, "
-    "_spmd_shard_to_full_shape), the SPMD all-reduce and reduce-scatter of a manual region "
-    "(summing), on float32 tensors (mm on tensors of any one dtype)"
+    "addmm (a Linear layer), einsum_linear_forward without bias, permute, view/reshape, "
+    "squeeze/unsqueeze, expand, select, stack, "
+    "sum and mean (all or some dims), max over a dim, relu, sin, cos, exp, log, tanh, neg, "
+    "abs, sqrt, rsqrt, sigmoid, clone, optimization barriers, ones_like of a scalar "
+    "(autograd's seed), torch_xla's custom-sharding nodes (mark_sharding of a pending value, "
+    "annotate_custom_sharding, in-place updates of sharded tensors, "
+    "_spmd_full_to_shard_shape, _spmd_shard_to_full_shape), the SPMD all-reduce and "
+    "reduce-scatter of a manual region (summing), and scan's loop (a step of these ops on "
+    "its carry and xs only), on float32 tensors (mm, and the ops that only move elements, on "
+    "tensors of any one dtype)"
 )
 
 
@@ -121,7 +134,17 @@ def _number(v: Any) -> str:
 
 
 class _Instr:
-    __slots__ = ("id", "name", "dtype", "dims", "m2m", "body", "operands", "tuple_shape")
+    __slots__ = (
+        "id",
+        "name",
+        "dtype",
+        "dims",
+        "m2m",
+        "body",
+        "operands",
+        "tuple_shape",
+        "tuple_bare",
+    )
 
     def __init__(self, id_, name, dtype, dims, m2m, body, operands) -> None:
         self.id = id_
@@ -132,12 +155,15 @@ class _Instr:
         self.body = body
         self.operands = operands
         self.tuple_shape: str | None = None
+        self.tuple_bare: str | None = None
 
     @property
     def ref(self) -> str:
         return f"%{self.name}.{self.id}"
 
     def bare(self) -> str:
+        if self.tuple_bare is not None:
+            return self.tuple_bare
         return f"{self.dtype}[{','.join(map(str, self.dims))}]"
 
     def full(self) -> str:
@@ -145,6 +171,11 @@ class _Instr:
             return self.tuple_shape
         layout = "{" + ",".join(map(str, self.m2m)) + "}" if self.dims else ""
         return self.bare() + layout
+
+
+def _listed(parts: list[str]) -> str:
+    """XLA's list of tuple elements or operands: every fifth one marked with its index."""
+    return ", ".join(f"/*index={i}*/{p}" if i and not i % 5 else p for i, p in enumerate(parts))
 
 
 def _ints(values: Any) -> str:
@@ -174,7 +205,7 @@ class _Builder:
         dims = tuple(dims)
         m2m = _default(len(dims)) if m2m is None else tuple(m2m)
         instr = _Instr(self.take_id(), name, dtype, dims, m2m, None, list(operands))
-        ops = ", ".join(f"{o.full()} {o.ref}" for o in operands)
+        ops = _listed([f"{o.full()} {o.ref}" for o in operands])
         instr.body = body if body is not None else f"{name}({ops}){attrs}"
         self.instrs.append(instr)
         return instr
@@ -188,6 +219,30 @@ class _Builder:
         p = self.add(f"p{index}", dtype, dims, f"parameter({index}){sharding}")
         self.params.append(p)
         return p
+
+    def tupled(self, instr: _Instr, parts: list[_Instr]) -> _Instr:
+        """Gives ``instr`` the tuple shape of ``parts``."""
+        instr.tuple_shape = "(" + _listed([p.full() for p in parts]) + ")"
+        instr.tuple_bare = "(" + _listed([p.bare() for p in parts]) + ")"
+        return instr
+
+    def tuple_of(self, parts: list[_Instr]) -> _Instr:
+        return self.tupled(self.add("tuple", "", (), None, parts), parts)
+
+    def element(self, whole: _Instr, index: int, part: _Instr) -> _Instr:
+        """Element ``index`` of tuple ``whole``, shaped as ``part``."""
+        return self.add(
+            "get-tuple-element",
+            part.dtype,
+            part.dims,
+            f"get-tuple-element({whole.full()} {whole.ref}), index={index}",
+            [whole],
+            m2m=part.m2m,
+        )
+
+    def zero_index(self) -> _Instr:
+        """xla_builder's ``zeros_like`` of an s64 index: a constant broadcast to rank 0."""
+        return self.broadcast(self.add("constant", "s64", (), "constant(0)"), ())
 
     def constant(self, dtype: str, value: Any) -> _Instr:
         return self.add("constant", dtype, (), f"constant({_number(value)})")
@@ -307,6 +362,40 @@ def _output_index(node: Node) -> int:
     return args[2] if type(args) is tuple and len(args) > 2 else 0
 
 
+class _Counter:
+    """scan's iteration counter, ``torch.tensor(0)``: an s64 constant IR value."""
+
+    __slots__ = ()
+
+
+class _Zeros:
+    """A ys buffer of scan, ``torch.zeros((length, *y.shape))``: a constant 0 expanded."""
+
+    __slots__ = ("dims", "dtype")
+
+    def __init__(self, dims: tuple[int, ...], dtype: str) -> None:
+        self.dims = dims
+        self.dtype = dtype
+
+
+class _StepInput:
+    """Input ``index`` of scan's step inside its computation: the parameter times 1, as
+    torch_xla multiplies each input of the traced step so that none is device data."""
+
+    __slots__ = ("index", "param")
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.param = _StepParam(index)
+
+
+class _StepParam:
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
 class _Lowering:
     def __init__(self, rt: SimRuntime) -> None:
         self.b = _Builder(rt)
@@ -315,15 +404,30 @@ class _Lowering:
         self.scalars: dict[float, _Scalar] = {}
         # The outputs of one multi-output op are one IR node: its first node seen stands for it.
         self.canonical: dict[int, Node] = {}
+        # Lowering scan's step: its inputs' IR values -> what stands for them, their types,
+        # and the input of each parameter in parameter order.
+        self.step: dict[int, _StepInput] | None = None
+        self.step_types: list[tuple[tuple[int, ...], str]] = []
+        self.param_inputs: list[int] = []
 
     def canon(self, item: Any) -> Any:
-        if isinstance(item, Node) and item.op in _MULTI_OUTPUT and item.args is not None:
-            return self.canonical.setdefault(id(item.args[0]), item)
+        if self.step is not None:
+            found = self.step.get(id(item))
+            if found is not None:
+                return found
+        if isinstance(item, Node):
+            if item.loop is not None:  # the outputs of scan's loop are one IR node
+                return item.loop[0]
+            if item.op in _MULTI_OUTPUT and item.args is not None:
+                return self.canonical.setdefault(id(item.args[0]), item)
         return item
 
     def value(self, item: Any) -> _Instr:
-        found = self.values[id(self.canon(item))]
-        return found[_output_index(item)] if isinstance(found, list) else found
+        canon = self.canon(item)
+        found = self.values[id(canon)]
+        if not isinstance(found, list):
+            return found
+        return found[item.loop[1] if isinstance(canon, ScanLoop) else _output_index(item)]
 
     def scalar(self, v: Any) -> _Scalar:
         if isinstance(v, bool) or not isinstance(v, (int, float)):
@@ -339,7 +443,14 @@ class _Lowering:
         if found is not None:
             return found
         ops: list[Any] = []
-        if isinstance(item, Node):
+        if isinstance(item, ScanLoop):
+            n_carry = len(item.init)
+            ops = [_Counter(), *(v for v, _ in item.init), *(v for v, _ in item.xs)]
+            for _, (dims, dtype) in item.step_outputs[n_carry:]:
+                ops.append(_Zeros((item.length, *dims), dtype))
+        elif isinstance(item, _StepInput):
+            ops = [item.param, self.scalar(1)]
+        elif isinstance(item, Node):
             op = item.op
             if isinstance(item.args, (CustomCall, ManualCollective)) or op in _TENSOR_OPERANDS:
                 ops = list(item.inputs)
@@ -386,19 +497,41 @@ class _Lowering:
     def lower(self, item: Any, dtype: str) -> Any:
         """The instruction of ``item``'s value (a list of them for a multi-output op)."""
         b = self.b
+        in_step = self.step is not None
         if isinstance(item, _Scalar):
             if _special(item.value):
                 return b.constant(dtype, item.value)
+            if in_step:
+                raise _unsupported("a scan step using a Python number (a hoisted parameter)")
             return b.parameter(dtype, (), "")
         if isinstance(item, tuple):  # device data: (shape, dtype, sharding text)
+            if in_step:
+                raise _unsupported("a scan step reading tensors other than its carry and xs")
             return b.parameter(xla_type(item[1]), tuple(item[0]), item[2])
+        if isinstance(item, _Counter):
+            return b.add("constant", "s64", (), "constant(0)")
+        if isinstance(item, _Zeros):
+            return b.expand(b.constant(item.dtype, 0), item.dims)
+        if isinstance(item, _StepParam):
+            dims, param_dtype = self.step_types[item.index]
+            index = len(b.params)
+            param = b.add(f"p{index}", param_dtype, dims, f"parameter({index})")
+            b.params.append(param)
+            self.param_inputs.append(item.index)
+            return param
         ins = [self.value(o) for o in self.ir_operands(item)]
+        if isinstance(item, _StepInput):
+            return _binary(b, "multiply", ins[0], ins[1])
+        if isinstance(item, ScanLoop):
+            return self.loop(item, ins)
         op, call = item.op, item.args
         # A 2-D dot of two tensors of one dtype lowers alike for every dtype (measured for
-        # float8 and bfloat16); the other ops only on float32.
+        # float8 and bfloat16), as do the ops that only move elements (measured for s8, bf16
+        # and s32); the other ops only on float32.
         same_dtype_mm = op is aten.mm.default and len({x.dtype for x in ins}) == 1
+        moves_only = op in _MOVES_ELEMENTS and len({x.dtype for x in ins}) == 1
         for x in ins:
-            if x.dtype != "f32" and not same_dtype_mm:
+            if x.dtype != "f32" and not (same_dtype_mm or moves_only):
                 raise _unsupported(f"{op} on {x.dtype} tensors")
         if isinstance(call, CustomCall):
             x = ins[0]
@@ -423,6 +556,8 @@ class _Lowering:
             return self.barrier(ins)
         if op is aten.addmm.default:
             return self.addmm(item, *ins)
+        if op is _EINSUM_LINEAR:
+            return self.einsum_linear(*ins)
         if op is aten.rsub.Scalar:  # other - self * alpha
             scaled = _binary(b, "multiply", ins[0], ins[2])
             return _binary(b, "subtract", ins[1], scaled)
@@ -463,6 +598,9 @@ class _Lowering:
                 ", dimensions={" + ",".join(map(str, perm)) + "}",
                 m2m=[inverse[k] for k in x.m2m],
             )
+        if op in _SQUEEZE:
+            dims = tuple(item.shape)
+            return x if dims == x.dims else b.op("reshape", dims, [x])
         if op in _RESHAPE:
             dims = _view_shape(consts[0], x.dims)
             if dims == x.dims:
@@ -470,6 +608,13 @@ class _Lowering:
             return b.op("reshape", dims, [x])
         if op in _SUM:
             return self.sum(item, x, consts, kwargs)
+        if op in _MEAN:
+            return self.mean(item, x, consts, kwargs)
+        if op is aten.select.int:
+            return self.select(x, consts[0] % rank, consts[1])
+        if op is aten.stack.default:
+            given = consts[1] if len(consts) > 1 else kwargs.get("dim", 0)
+            return self.stack(ins, given % (rank + 1))
         if op is aten.expand.default:
             sizes = tuple(
                 x.dims[i - len(consts[0]) + rank] if n == -1 else n for i, n in enumerate(consts[0])
@@ -478,6 +623,105 @@ class _Lowering:
                 raise _unsupported(f"{op} to the same shape or implicit")
             return b.expand(x, sizes)
         raise _unsupported(str(op))
+
+    def loop(self, loop: ScanLoop, state: list[_Instr]) -> list[_Instr]:
+        """torch_xla's ``xla::scan``: a call of a computation whose while loop threads
+        (iteration, carry..., xs..., ys...), each step slicing the xs at the iteration,
+        calling the step's computation and writing its ys into their buffers."""
+        b = self.b
+        if self.step is not None or b.rt.spmd:
+            raise _unsupported("scan inside a scanned function or under SPMD")
+        for x in state:
+            _default_layout(x, "scan")
+        n_carry, n_xs = len(loop.init), len(loop.xs)
+        step, params, outs = self.step_computation(loop)
+        bare = "(" + _listed([x.bare() for x in state]) + ")"
+
+        def state_param() -> _Instr:
+            return b.tupled(b.add("p0", "", (), "parameter(0)"), state)
+
+        body = f"Body.{b.take_id()}"
+        outer, b.instrs = b.instrs, []
+        whole = state_param()
+        parts = [b.element(whole, i, x) for i, x in enumerate(state)]
+        step_index = parts[0]
+        slices = []
+        for xs in parts[1 + n_carry : 1 + n_carry + n_xs]:
+            indices = [step_index, *(b.zero_index() for _ in xs.dims[1:])]
+            sizes = (1, *xs.dims[1:])
+            window = b.add(
+                "dynamic-slice",
+                xs.dtype,
+                sizes,
+                None,
+                [xs, *indices],
+                attrs=f", dynamic_slice_sizes={{{_ints(sizes)}}}",
+            )
+            slices.append(b.reshape(window, xs.dims[1:]))
+        args = [parts[1 + k] if k < n_carry else slices[k - n_carry] for k in params]
+        call = b.tupled(b.add("call", "", (), None, args, attrs=f", to_apply=%{step}"), outs)
+        carry = [b.element(call, i, outs[i]) for i in range(n_carry)]
+        ys = []
+        for i, buffer in enumerate(parts[1 + n_carry + n_xs :]):
+            y = b.element(call, n_carry + i, outs[n_carry + i])
+            grown = b.broadcast(y, (1, *y.dims), range(1, len(y.dims) + 1))
+            indices = [step_index, *(b.zero_index() for _ in y.dims)]
+            ys.append(
+                b.add(
+                    "dynamic-update-slice",
+                    buffer.dtype,
+                    buffer.dims,
+                    None,
+                    [buffer, grown, *indices],
+                )
+            )
+        following = b.op("add", (), [step_index, b.add("constant", "s64", (), "constant(1)")])
+        root = b.tuple_of([following, *carry, *parts[1 + n_carry : 1 + n_carry + n_xs], *ys])
+        b.subcomputations.append(_computation(body, [whole], bare, b.instrs, root))
+
+        condition = f"Condition.{b.take_id()}"
+        b.instrs = []
+        whole = state_param()
+        parts = [b.element(whole, i, x) for i, x in enumerate(state)]
+        limit = b.add("constant", "s64", (), f"constant({loop.length})")
+        below = b.add("compare", "pred", (), None, [parts[0], limit], attrs=", direction=LT")
+        b.subcomputations.append(_computation(condition, [whole], "pred[]", b.instrs, below))
+
+        scan = f"scan.{b.take_id()}"
+        b.instrs = []
+        inputs = [b.add(f"p{i}", x.dtype, x.dims, f"parameter({i})") for i, x in enumerate(state)]
+        attrs = f", condition=%{condition}, body=%{body}"
+        repeat = b.tupled(b.add("while", "", (), None, [b.tuple_of(inputs)], attrs=attrs), state)
+        b.subcomputations.append(_computation(scan, inputs, bare, b.instrs, repeat))
+
+        b.instrs = outer
+        result = b.tupled(b.add("call", "", (), None, state, attrs=f", to_apply=%{scan}"), state)
+        return [b.element(result, i, x) for i, x in enumerate(state)]
+
+    def step_computation(self, loop: ScanLoop) -> tuple[str, list[int], list[_Instr]]:
+        """The step's computation (torch_xla lowers the traced step on its own and imports
+        it, so its ids follow on): its name, the step input of each parameter, its outputs."""
+        b = self.b
+        name = f"FnComputation.{b.take_id()}"
+        sub = _Lowering(b.rt)
+        sub.b.next_id = b.next_id
+        sub.step = {}
+        for k, (item, (dims, dtype)) in enumerate(loop.step_inputs):
+            if dtype != "f32" or id(item) in sub.step:
+                raise _unsupported("scan of non-float32 or repeated carry or xs tensors")
+            sub.step[id(item)] = _StepInput(k)
+            sub.step_types.append((dims, dtype))
+        items = [item for item, _ in loop.step_outputs]
+        for item in sub.post_order(items):
+            sub.values[id(item)] = sub.lower(item, "f32")
+        outs = [sub.value(item) for item in items]
+        if sub.b.subcomputations:
+            raise _unsupported("a scan step whose ops have computations of their own")
+        root = sub.b.tuple_of(outs)
+        b.next_id = sub.b.next_id
+        result = "(" + _listed([o.bare() for o in outs]) + ")"
+        b.subcomputations.append(_computation(name, sub.b.params, result, sub.b.instrs, root))
+        return name, sub.param_inputs, outs
 
     def collective(self, call: ManualCollective, x: _Instr) -> _Instr:
         """torch_xla's SPMD all-reduce / reduce-scatter: over global device ids, one channel
@@ -535,6 +779,25 @@ class _Lowering:
             )
             for i, x in enumerate(ins)
         ]
+
+    def einsum_linear(self, x: _Instr, *weight_and_bias: _Instr) -> _Instr:
+        """torch_xla's einsum ``...n,mn->...m``: a dot contracting the last dims, marked as
+        needing no gradient, then the einsum's (here identity) transpose."""
+        b = self.b
+        if len(weight_and_bias) != 1 or len(x.dims) < 2:
+            raise _unsupported(f"{_EINSUM_LINEAR} with a bias or of a rank-{len(x.dims)} input")
+        (weight,) = weight_and_bias
+        for operand in (x, weight):
+            _default_layout(operand, str(_EINSUM_LINEAR))
+        rank = len(x.dims)
+        dot = b.op(
+            "dot",
+            (*x.dims[:-1], weight.dims[0]),
+            [x, weight],
+            f", lhs_contracting_dims={{{rank - 1}}}, rhs_contracting_dims={{1}}, "
+            'frontend_attributes={grad_x="false",grad_y="false"}',
+        )
+        return b.op("transpose", dot.dims, [dot], f", dimensions={{{_ints(range(rank))}}}")
 
     def addmm(self, node: Node, mat1: _Instr, mat2: _Instr, bias: _Instr) -> _Instr:
         """A dot, then the bias expanded to its shape and added (beta and alpha 1)."""
@@ -596,36 +859,99 @@ class _Lowering:
         return [values, indices]
 
     def sum(self, node: Node, x: _Instr, consts: list[Any], kwargs: dict[str, Any]) -> _Instr:
+        dims, keepdim = _reduced_dims(node, x, consts, kwargs)
+        reduced, _ = self.reduce_sum(x, dims)
+        return self.kept(reduced, x, dims) if keepdim else reduced
+
+    def reduce_sum(self, x: _Instr, dims: list[int]) -> tuple[_Instr, _Instr]:
+        """The add-reduce over ``dims`` and the s32 count of the elements it adds, which
+        torch_xla makes just after the reduce's initial value (a sum leaves it unused)."""
         b = self.b
-        rank = len(x.dims)
-        if node.op is aten.sum.default:
-            dims = list(range(rank))
-            keepdim, dtype = False, kwargs.get("dtype")
-        else:
-            given = consts[0] if consts else kwargs.get("dim")
-            keepdim = bool(consts[1]) if len(consts) > 1 else bool(kwargs.get("keepdim", False))
-            dtype = kwargs.get("dtype")
-            if not given:
-                raise _unsupported(f"{node.op} over an empty or unnamed dim list")
-            dims = sorted({d % rank for d in given})
-        if dtype is not None or not rank:
-            raise _unsupported(f"{node.op} with a dtype or of a rank-0 tensor")
         init = b.constant(x.dtype, 0)
         count = 1
         for d in dims:
             count *= x.dims[d]
-        b.constant("s32", count)  # torch_xla makes it; nothing uses it
+        elements = b.constant("s32", count)
         to_apply = b.add_computation(x.dtype)
         out = tuple(n for i, n in enumerate(x.dims) if i not in dims)
-        reduced = b.op(
+        reduced = b.add(
             "reduce",
+            x.dtype,
             out,
+            None,
             [x, init],
-            ", dimensions={" + ",".join(map(str, dims)) + "}, to_apply=%" + to_apply,
+            attrs=", dimensions={" + _ints(dims) + "}, to_apply=%" + to_apply,
         )
+        return reduced, elements
+
+    def kept(self, reduced: _Instr, x: _Instr, dims: list[int]) -> _Instr:
+        """keepdim: the reduced value reshaped to ``x``'s rank, size 1 where it was reduced."""
+        return self.b.reshape(reduced, tuple(1 if i in dims else n for i, n in enumerate(x.dims)))
+
+    def mean(self, node: Node, x: _Instr, consts: list[Any], kwargs: dict[str, Any]) -> _Instr:
+        """torch_xla's mean: the sum times 1/count (NaN for no elements, chosen by a select),
+        then a convert to the result type, even when it is the same."""
+        b = self.b
+        dims, keepdim = _reduced_dims(node, x, consts, kwargs)
+        reduced, count = self.reduce_sum(x, dims)
+        zero = b.constant("s32", 0)
+        one = b.constant(x.dtype, 1)
+        nan = b.add("constant", x.dtype, (), "constant(nan)")
+        as_float = b.add("convert", x.dtype, (), None, [count])
+        inverse = b.op("divide", (), [one, as_float])
+        nonzero = b.add("compare", "pred", (), None, [count, zero], attrs=", direction=NE")
+        scale = b.add("select", x.dtype, (), None, [nonzero, inverse, nan])
+        mean = _binary(b, "multiply", reduced, scale)
         if keepdim:
-            return b.reshape(reduced, tuple(1 if i in dims else n for i, n in enumerate(x.dims)))
-        return reduced
+            mean = self.kept(mean, x, dims)
+        return b.op("convert", mean.dims, [mean])
+
+    def select(self, x: _Instr, dim: int, index: int) -> _Instr:
+        """torch_xla's select: a one-wide slice along ``dim``, reshaped without it."""
+        size = x.dims[dim]
+        if not -size <= index < size:
+            raise _unsupported(f"select of index {index} out of a dimension of {size}")
+        start = index % size
+        bounds = [(start, start + 1) if i == dim else (0, n) for i, n in enumerate(x.dims)]
+        sliced = self.b.add(
+            "slice",
+            x.dtype,
+            [stop - begin for begin, stop in bounds],
+            None,
+            [x],
+            attrs=", slice={" + ", ".join(f"[{begin}:{stop}]" for begin, stop in bounds) + "}",
+        )
+        return self.b.reshape(sliced, [n for i, n in enumerate(x.dims) if i != dim])
+
+    def stack(self, ins: list[_Instr], dim: int) -> _Instr:
+        """torch_xla's stack: each input reshaped with a size-1 ``dim``, in order, then one
+        concatenate along it (also of a single input)."""
+        b = self.b
+        dims = ins[0].dims
+        if any(x.dims != dims for x in ins):
+            raise _unsupported("stack of tensors of different shapes")
+        one = (*dims[:dim], 1, *dims[dim:])
+        parts = [b.reshape(x, one) for x in ins]
+        out = (*dims[:dim], len(ins), *dims[dim:])
+        return b.op("concatenate", out, parts, f", dimensions={{{dim}}}")
+
+
+def _reduced_dims(
+    node: Node, x: _Instr, consts: list[Any], kwargs: dict[str, Any]
+) -> tuple[list[int], bool]:
+    """The sorted dims a sum or mean reduces and its keepdim."""
+    rank = len(x.dims)
+    if node.op in (aten.sum.default, aten.mean.default):
+        dims, keepdim = list(range(rank)), False
+    else:
+        given = consts[0] if consts else kwargs.get("dim")
+        keepdim = bool(consts[1]) if len(consts) > 1 else bool(kwargs.get("keepdim", False))
+        if not given:
+            raise _unsupported(f"{node.op} over an empty or unnamed dim list")
+        dims = sorted({d % rank for d in given})
+    if kwargs.get("dtype") is not None or not rank:
+        raise _unsupported(f"{node.op} with a dtype or of a rank-0 tensor")
+    return dims, keepdim
 
 
 def _permutation(op: Any, consts: list[Any], rank: int) -> list[int]:
@@ -681,6 +1007,20 @@ def _post_order_text(instrs: list[_Instr]) -> list[_Instr]:
     return out
 
 
+def _computation(
+    name: str, params: list[_Instr], result: str, instrs: list[_Instr], root: _Instr
+) -> str:
+    """A sub-computation's text, as the module lists it before the entry."""
+    signature = ", ".join(f"{p.name}.{p.id}: {p.bare()}" for p in params)
+    lines = [f"%{name} ({signature}) -> {result} {{"]
+    for instr in _post_order_text(instrs):
+        lines.append(
+            f"  {'ROOT ' if instr is root else ''}{instr.ref} = {instr.full()} {instr.body}"
+        )
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
 def tensors_hlo(rt: SimRuntime, tensors: list[Any]) -> str:
     roots: list[Any] = []
     by_buffer: dict[int, Any] = {}
@@ -702,19 +1042,19 @@ def tensors_hlo(rt: SimRuntime, tensors: list[Any]) -> str:
         low.values[id(item)] = low.lower(item, "f32")  # the scalars of float32 ops
     outs = [low.value(r) for r in roots]
     b = low.b
-    tuple_shape = "(" + ", ".join(o.full() for o in outs) + ")"
-    ops = ", ".join(f"{o.full()} {o.ref}" for o in outs)
+    tuple_shape = "(" + _listed([o.full() for o in outs]) + ")"
+    ops = _listed([f"{o.full()} {o.ref}" for o in outs])
     root = _Instr(b.take_id(), "tuple", "", (), (), f"tuple({ops})", outs)
     b.instrs.append(root)
     module = f"IrToHlo.{b.take_id()}"
     params = b.params
     lines = [
         f"HloModule {module}, entry_computation_layout="
-        f"{{({', '.join(p.full() for p in params)})->{tuple_shape}}}",
+        f"{{({_listed([p.full() for p in params])})->{tuple_shape}}}",
         "",
         *b.subcomputations,
         f"ENTRY %{module} ({', '.join(f'{p.name}.{p.id}: {p.bare()}' for p in params)}) -> "
-        f"({', '.join(o.bare() for o in outs)}) {{",
+        f"({_listed([o.bare() for o in outs])}) {{",
     ]
     for instr in _post_order_text(b.instrs):
         if instr is root:

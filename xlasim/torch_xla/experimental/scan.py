@@ -7,9 +7,12 @@ forward graph over the steps and, on ``backward()``, the backward graph over the
 from the activations the forward graph saved. What AOTAutograd refuses to trace (a ``fn``
 that mutates a tensor it captured) fails here as there. torch_xla lowers the step graph into
 one XLA While loop; the simulator runs the graph once per step on its lazy tensors, so values
-and gradients are torch_xla's while the recorded graph is the unrolled loop: its HLO text has
-no ``while`` (asking for it raises NotImplementedError, as for any op the simulator does not
-write) and its compile accounting differs.
+and gradients are torch_xla's while the recorded graph is the unrolled loop: its IR text has
+each step's ops (the steps' slices of ``xs`` as selects, the outputs stacked) where torch_xla's
+has one ``xla::scan`` node, and its compile accounting differs. The forward loop's results
+also point at a record of that node (``xlasim.runtime.scan_loop``), so their HLO text is
+torch_xla's ``while`` calling the step's computation; the gradients' is the backward steps
+unrolled (torch_xla writes a second loop).
 
 The traced graphs of a ``fn`` declared pure are kept in ``_SCAN_COMPUTATION_CACHE``
 (``fn`` -> (partition_fn id, shapes, dtypes, tree specs) -> (forward, alias_input,
@@ -29,6 +32,8 @@ from torch._functorch.aot_autograd import aot_function
 from torch._functorch.partitioners import default_partition
 from torch.utils._pytree import tree_flatten, tree_iter, tree_map, tree_unflatten
 
+from xlasim.runtime.scan_loop import ScanLoop, tag_outputs
+from xlasim.runtime.tensor import XlaSimTensor
 from xlasim.torch_xla import runtime as xr
 
 # fn (weakly) -> {input key: (forward, alias_input, backward)}, filled for pure fns only.
@@ -228,16 +233,32 @@ class _ScanRun:
         carry = self.unflatten_init(flat_init)
         ys: list[list[Any]] = []
         partials: list[Sequence[Any]] = []
+        first_step: list[Any] = []
         for i in range(length):
-            carry, (y, partial) = self.forward(carry, self.unflatten_xs([t[i] for t in flat_xs]))
+            x = [t[i] for t in flat_xs]
+            carry, (y, partial) = self.forward(carry, self.unflatten_xs(x))
             flat_y, self.unflatten_ys = tree_flatten_none(y)
             ys.append(flat_y)
             partials.append(partial)
+            if i == 0:
+                first_step = [*x, *tree_flatten_none(carry)[0], *flat_y, *partial]
         flat_carry, self.unflatten_carry = tree_flatten_none(carry)
         stacked_ys = _stack(list(zip(*ys, strict=True))) if ys and ys[0] else []
         stacked_partial = (
             _stack(list(zip(*partials, strict=True))) if partials and partials[0] else []
         )
+        loop_ys = [*stacked_ys, *stacked_partial]
+        every = [*flat_init, *flat_xs, *first_step, *flat_carry, *loop_ys]
+        if length and all(type(t) is XlaSimTensor for t in every):
+            n_x = len(flat_xs)
+            loop = ScanLoop(
+                flat_init,
+                flat_xs,
+                [*flat_init, *first_step[:n_x]],
+                first_step[n_x:],
+                length,
+            )
+            tag_outputs(loop, flat_carry, loop_ys)
         activations = self.alias_input(stacked_partial, self.unflatten_xs(list(flat_xs)))
         return tuple(flat_carry), tuple(stacked_ys), tuple(activations)
 
