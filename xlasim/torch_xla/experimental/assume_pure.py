@@ -101,5 +101,10 @@ def prepare_computation_inputs(fn_ctx, flat_fake_inputs, flat_inputs):
     raise _lowering_not_simulated("prepare_computation_inputs")
 
 
+# torch_xla's cache of assume_pure_torch's lowered computations (by function name); callers
+# clear it. Empty here: the simulator does not lower traced functions.
+_XLA_COMPUTATION_CACHE: dict[str, Any] = {}
+
+
 def assume_pure_torch(func, use_cache=False):
     raise _lowering_not_simulated("assume_pure_torch")
