@@ -98,7 +98,7 @@ def test_classes_match_behaviour() -> None:
     modules = {
         "torch_xla.core.xla_model": ["mark_step", "all_reduce", "no_such_name"],
         "torch_xla.distributed.spmd": ["enable_manual_sharding"],
-        "torch_xla.experimental.callback": ["on_ready_callback"],
+        "torch_xla.experimental.pytreeify": ["pytreeify"],
     }
     with xlasim.simulate(topology="2x2"):
         entries = {(e.module, e.name): e.status for e in sm.classify(modules)}
@@ -120,10 +120,10 @@ def test_classes_match_behaviour() -> None:
         ("torch_xla.core.xla_model", "no_such_name"): sm.ABSENT,
         ("torch_xla.distributed.spmd", None): sm.SIMULATED,
         ("torch_xla.distributed.spmd", "enable_manual_sharding"): sm.SIMULATED,
-        ("torch_xla.experimental.callback", None): sm.ABSENT,
+        ("torch_xla.experimental.pytreeify", None): sm.ABSENT,
     }
     with (
         xlasim.simulate(topology="2x2"),
         pytest.raises(ModuleNotFoundError, match="support-matrix"),
     ):
-        import torch_xla.experimental.callback  # noqa: F401
+        import torch_xla.experimental.pytreeify  # noqa: F401

@@ -82,6 +82,9 @@ class SimRuntime:
         default_factory=list
     )
     """(run_async, closure, args), queued by xm.add_step_closure and run after a sync."""
+    async_closures: Any = None
+    """torch_xla.utils.closures.AsyncClosureHandler running the asynchronous step closures,
+    made at the first one."""
     replication_devices: int = 0
     """0 means "not replicated", which is what world_size() reads."""
     world_size: int | None = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import os
 import sys
@@ -13,6 +14,7 @@ from typing import Any, TextIO, TypedDict
 import torch
 import torch_xla
 import torch_xla.runtime as runtime
+import torch_xla.utils.closures as xc
 import torch_xla.utils.utils as xu
 from torch import optim
 from typing_extensions import deprecated
@@ -688,11 +690,8 @@ class RateTracker:
 def add_step_closure(
     closure: Callable[..., Any], args: tuple[Any, ...] = (), run_async: bool = False
 ) -> None:
-    """Queues ``closure(*args)`` to run after the next sync, once its tensors are computed.
-
-    Simulated execution is synchronous, so asynchronous closures run in order at the same
-    point (before the synchronous ones, as torch_xla starts them first).
-    """
+    """Queues ``closure(*args)`` to run after the next sync, once its tensors are computed;
+    with ``run_async`` on a worker thread (torch_xla.utils.closures.AsyncClosureHandler)."""
     queue = _runtime.current().step_closures
     queue.append((run_async, closure, tuple(args)))
 
@@ -700,10 +699,15 @@ def add_step_closure(
 def _run_step_closures() -> DeviceContext:
     sim = _runtime.current()
     queued, sim.step_closures = sim.step_closures, []
-    for run_async in (True, False):
-        for is_async, closure, args in queued:
-            if is_async is run_async:
-                closure(*args)
+    # The asynchronous closures are handed to the worker first, as torch_xla does.
+    started = [functools.partial(c, *args) for is_async, c, args in queued if is_async]
+    if started:
+        if sim.async_closures is None:
+            sim.async_closures = xc.AsyncClosureHandler()
+        sim.async_closures.run_all(started)
+    for is_async, closure, args in queued:
+        if not is_async:
+            closure(*args)
     return _get_device_context()
 
 
