@@ -134,6 +134,8 @@ class SimRuntime:
     """The device data torch_xla has moved for Python numbers ops took (a cache)."""
     generator: torch.Generator = field(init=False)
     _client: Client | None = field(default=None, init=False, repr=False)
+    _client_failure: Exception | None = field(default=None, init=False, repr=False)
+    """Why the client could not be created: torch_xla keeps that answer for the process."""
     _saved_env: dict[str, str | None] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -187,11 +189,21 @@ class SimRuntime:
         """What starts torch_xla's runtime (a device named or used) creates the client:
         ``client``, or the one the environment names."""
         if self._client is None:
+            if self._client_failure is not None:
+                # Every later start fails the same way, whatever the environment says now.
+                raise self._client_failure.with_traceback(None)
             for hook in START_HOOKS:
                 hook(self)
-            self._client = client or client_from_env(
-                self.spec, self.host_index, num_slices=self.num_slices, slice_index=self.slice_index
-            )
+            try:
+                self._client = client or client_from_env(
+                    self.spec,
+                    self.host_index,
+                    num_slices=self.num_slices,
+                    slice_index=self.slice_index,
+                )
+            except Exception as e:
+                self._client_failure = e
+                raise
             if not self._client.is_tpu:
                 self.memory.host_memory(self._client.num_devices)
 
