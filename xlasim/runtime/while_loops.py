@@ -20,20 +20,24 @@ from typing import Any
 import torch
 
 
-def _check_counter(carried: Sequence[Any]) -> None:
+def counter_first(carried: Sequence[Any]) -> bool:
+    """Whether ``carried`` has the form torch_xla lowers: an integer scalar counter first,
+    then at least one other value."""
     first = carried[0] if carried else None
-    if (
-        len(carried) < 2
-        or not isinstance(first, torch.Tensor)
-        or first.dim() != 0
-        or first.dtype.is_floating_point
-        or first.dtype.is_complex
-        or first.dtype == torch.bool
-    ):
-        raise NotImplementedError(
-            "xlasim simulates torch_xla's while_loop in the form torch_xla 2.9 lowers: an "
-            "integer scalar counter first among at least two carried values"
-        )
+    return (
+        len(carried) >= 2
+        and isinstance(first, torch.Tensor)
+        and first.dim() == 0
+        and not (first.dtype.is_floating_point or first.dtype.is_complex)
+        and first.dtype != torch.bool
+    )
+
+
+def form_not_lowered() -> NotImplementedError:
+    return NotImplementedError(
+        "xlasim simulates torch_xla's while_loop in the form torch_xla 2.9 lowers: an "
+        "integer scalar counter first among at least two carried values"
+    )
 
 
 def run_while_loop(
@@ -42,8 +46,7 @@ def run_while_loop(
     carried: Sequence[Any],
     additional: Sequence[Any],
 ) -> list[Any]:
-    """The carried values once ``cond_fn`` turns false, the counter first."""
-    _check_counter(carried)
+    """The carried values once ``cond_fn`` turns false (``carried`` is counter-first)."""
     values = tuple(carried)
     while bool(cond_fn(*values, *additional)):
         values = tuple(body_fn(*values, *additional))

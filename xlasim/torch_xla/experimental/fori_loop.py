@@ -11,7 +11,7 @@ import torch
 from torch._higher_order_ops.while_loop import while_loop_op
 
 from xlasim.runtime.tensor import XlaSimTensor
-from xlasim.runtime.while_loops import run_while_loop
+from xlasim.runtime.while_loops import counter_first, form_not_lowered, run_while_loop
 
 
 def fori_loop(
@@ -21,6 +21,8 @@ def fori_loop(
     if upper < lower:
         print("ERROR: upper should be a larger number than lower")  # torch_xla's message
     steps = upper - lower
+    if not counter_first((steps, *input_value)):
+        raise form_not_lowered()
     return run_while_loop(
         lambda count, *values: count > 0,
         lambda count, *values: (count - 1, body_fun(*values)),
@@ -35,6 +37,8 @@ def while_loop(
     carried_inputs: Sequence[Any],
     additional_inputs: Sequence[Any] | None = None,
 ) -> list[Any]:
+    if not counter_first(carried_inputs):
+        raise form_not_lowered()
     return run_while_loop(cond_fn, body_fn, carried_inputs, additional_inputs or ())
 
 
