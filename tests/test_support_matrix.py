@@ -62,6 +62,16 @@ class _WholeClass:
         return 1
 
 
+class _UnmadeClass:
+    """No instance can be made, whatever its other methods do."""
+
+    def __init__(self) -> None:
+        raise NotImplementedError("refuses")
+
+    def ok(self) -> int:
+        return 1
+
+
 def _plain(n: int) -> int:
     if n < 0:
         raise ValueError(n)
@@ -77,6 +87,7 @@ def _plain(n: int) -> int:
         (_through_helper, sm.PARTLY),
         (_PartlyClass, sm.PARTLY),
         (_WholeClass, sm.SIMULATED),
+        (_UnmadeClass, sm.NOT_IMPLEMENTED),
         (_plain, sm.SIMULATED),
         (42, sm.SIMULATED),
     ],
