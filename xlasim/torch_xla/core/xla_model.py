@@ -166,6 +166,13 @@ def _multi_replica(name: str) -> Exception:
     # device needs its own process, and torch_xla waits for the missing replicas until its
     # rendezvous times out and aborts.
     world, processes = runtime.world_size(), runtime.process_count()
+    threads = _runtime.current().device_threads
+    if threads > 1:
+        # The PJRT CPU client's xmp.spawn: torch_xla's replicas are threads of this process.
+        return NotImplementedError(
+            f"xlasim does not simulate xm.{name} between the {threads} device threads that "
+            "xmp.spawn runs in one process on the PJRT CPU client (CPU_NUM_DEVICES > 1)"
+        )
     return RuntimeError(
         f"xm.{name}: xr.world_size() is {world} (xm.set_replication over {world} devices) "
         f"but only {processes} process(es) take part, so the other replicas never join; "
