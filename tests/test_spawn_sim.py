@@ -181,7 +181,6 @@ def test_a_process_that_dies_breaks_the_pool(xlasim_sim):
         ("2x2", "v3", None, "v3: each process owns a chip of 2 devices"),
         ("2x2x1", "v7x", None, "v7x: each process owns a chip of 2 devices"),
         ("4x4", "v6e", None, "multi-host slice (v6e-16, 4 hosts)"),
-        ("2x2", "v6e", "4", "PJRT CPU client with CPU_NUM_DEVICES=4"),
     ],
 )
 def test_what_is_not_simulated_says_so(topology, accelerator, cpu_devices, words, monkeypatch):
@@ -217,6 +216,81 @@ def test_on_the_cpu_client_one_process_runs_on_the_cpu_device(xlasim_sim, monkey
     monkeypatch.setenv("CPU_NUM_DEVICES", "1")
     xr.set_device_type("CPU")
     assert pjrt.run_multiprocess(_client) == {0: ("CPU", 1, 1, ["CPU:0"])}
+
+
+def _device_thread() -> tuple[object, ...]:
+    import threading
+
+    import torch_xla
+    import torch_xla.core.xla_model as xm
+    import torch_xla.runtime as xr
+
+    seen: dict[str, object] = {}
+
+    def started_here() -> None:
+        seen["device"], seen["ordinal"] = str(torch_xla.device()), xr.global_ordinal()
+
+    thread = threading.Thread(target=started_here)
+    thread.start()
+    thread.join()
+    try:
+        xm.all_reduce(xm.REDUCE_SUM, torch.ones(2, device="xla"))
+        refused = ""
+    except NotImplementedError as e:
+        refused = str(e)
+    return (
+        str(torch_xla.device()), xr.global_ordinal(), xr.local_ordinal(), xr.world_size(),
+        xr.addressable_device_count(), xr.local_process_count(),
+        threading.current_thread() is threading.main_thread(), seen, "all_reduce" in refused,
+    )  # fmt: skip
+
+
+def test_on_the_cpu_client_each_device_runs_in_a_thread_of_one_process(xlasim_sim, monkeypatch):
+    import torch_xla.runtime as xr
+    from torch_xla._internal import pjrt
+
+    monkeypatch.setenv("CPU_NUM_DEVICES", "4")
+    xr.set_device_type("CPU")
+    results = pjrt.run_multiprocess(_device_thread)
+    # Real torch_xla 2.9 on CPU with CPU_NUM_DEVICES=4 (read with the same function, less the
+    # collective): one worker thread per device with that device as its default, a world of
+    # four in one process, and a thread started inside keeps xla:0 (the current device is
+    # per thread). Collectives between the threads are not simulated.
+    assert results == {
+        i: (f"xla:{i}", i, i, 4, 4, 1, False, {"device": "xla:0", "ordinal": 0}, True)
+        for i in range(4)
+    }
+
+
+def _backward_ordinal() -> int:
+    import torch_xla.runtime as xr
+
+    class Probe(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x
+
+        @staticmethod
+        def backward(ctx, grad):
+            xr.global_ordinal()  # autograd's thread for this device asks
+            return grad
+
+    x = torch.ones(1, requires_grad=True, device="xla")
+    try:
+        Probe.apply(x).backward()
+    except NotImplementedError as e:
+        return "autograd device thread" in str(e)
+    return False
+
+
+def test_autograd_threads_on_the_cpu_device_threads_are_not_simulated(xlasim_sim, monkeypatch):
+    # torch_xla's device guard gives autograd's thread for xla:i the current device xla:i.
+    import torch_xla.runtime as xr
+    from torch_xla._internal import pjrt
+
+    monkeypatch.setenv("CPU_NUM_DEVICES", "2")
+    xr.set_device_type("CPU")
+    assert pjrt.run_multiprocess(_backward_ordinal) == {0: True, 1: True}
 
 
 def test_spawn_after_the_runtime_started_is_refused(xlasim_sim):

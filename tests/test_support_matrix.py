@@ -62,6 +62,16 @@ class _WholeClass:
         return 1
 
 
+class _UnmadeClass:
+    """No instance can be made, whatever its other methods do."""
+
+    def __init__(self) -> None:
+        raise NotImplementedError("refuses")
+
+    def ok(self) -> int:
+        return 1
+
+
 def _plain(n: int) -> int:
     if n < 0:
         raise ValueError(n)
@@ -77,6 +87,7 @@ def _plain(n: int) -> int:
         (_through_helper, sm.PARTLY),
         (_PartlyClass, sm.PARTLY),
         (_WholeClass, sm.SIMULATED),
+        (_UnmadeClass, sm.NOT_IMPLEMENTED),
         (_plain, sm.SIMULATED),
         (42, sm.SIMULATED),
     ],
@@ -98,7 +109,7 @@ def test_classes_match_behaviour() -> None:
     modules = {
         "torch_xla.core.xla_model": ["mark_step", "all_reduce", "no_such_name"],
         "torch_xla.distributed.spmd": ["enable_manual_sharding"],
-        "torch_xla.experimental.callback": ["on_ready_callback"],
+        "torch_xla.experimental.pytreeify": ["pytreeify"],
     }
     with xlasim.simulate(topology="2x2"):
         entries = {(e.module, e.name): e.status for e in sm.classify(modules)}
@@ -120,10 +131,10 @@ def test_classes_match_behaviour() -> None:
         ("torch_xla.core.xla_model", "no_such_name"): sm.ABSENT,
         ("torch_xla.distributed.spmd", None): sm.SIMULATED,
         ("torch_xla.distributed.spmd", "enable_manual_sharding"): sm.SIMULATED,
-        ("torch_xla.experimental.callback", None): sm.ABSENT,
+        ("torch_xla.experimental.pytreeify", None): sm.ABSENT,
     }
     with (
         xlasim.simulate(topology="2x2"),
         pytest.raises(ModuleNotFoundError, match="support-matrix"),
     ):
-        import torch_xla.experimental.callback  # noqa: F401
+        import torch_xla.experimental.pytreeify  # noqa: F401

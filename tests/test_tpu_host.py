@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 
 import pytest
+import torch
 
 import xlasim
 
@@ -132,3 +133,23 @@ def test_cpu_client_inside_a_multi_host_slice(monkeypatch):
         with pytest.raises(RuntimeError, match="no per-chip HBM"):
             xlasim.chip_memory()
         assert (torch.ones(2, device="xla:2") + 1).cpu().tolist() == [2.0, 2.0]
+
+
+def test_a_client_that_failed_to_start_fails_the_same_way_after(monkeypatch):
+    # Real torch_xla 2.9 on CPU (its upstream test_runtime_client_initialization_error): the
+    # failure is kept, so a valid PJRT_DEVICE set afterwards changes nothing.
+    with xlasim.simulate("2x2x1", "v4"):
+        import torch_xla
+
+        monkeypatch.setenv("PJRT_DEVICE", "DUMMY_DEVICE")
+        message = r"^No PjRtPlugin registered for: DUMMY_DEVICE\. Make sure the environment"
+        with pytest.raises(RuntimeError, match=message):
+            torch_xla._XLAC._init_computation_client()
+        monkeypatch.setenv("PJRT_DEVICE", "CPU")
+        for start in (
+            torch_xla._XLAC._init_computation_client,
+            lambda: torch.ones(1, device="xla"),
+        ):
+            with pytest.raises(RuntimeError, match=message):
+                start()
+        assert not torch_xla._XLAC._xla_runtime_is_initialized()

@@ -276,8 +276,10 @@ def _status(value: Any, seen: set[int]) -> str:
         methods = [
             n for n in ast.walk(node) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
         ]
-        statuses = {_function_status(m, helpers, namespace, seen) for m in methods}
-        return SIMULATED if statuses <= {SIMULATED} else PARTLY
+        status = {m.name: _function_status(m, helpers, namespace, seen) for m in methods}
+        if status.get("__init__") == NOT_IMPLEMENTED:
+            return NOT_IMPLEMENTED  # no instance can be made
+        return SIMULATED if set(status.values()) <= {SIMULATED} else PARTLY
     return _function_status(node, helpers, namespace, seen)
 
 

@@ -64,6 +64,12 @@ def _barrier_uploaded(rt: Any, t: Any) -> bool:
     return t._moved_at != (rt.step_barriers if t._on_host else t._uploaded_at)
 
 
+def only_on_host(rt: Any, t: Any) -> bool:
+    """SPMD data still waiting on the host, with no device buffer yet (no step barrier has
+    uploaded it)."""
+    return bool(t._on_host) and not t._computed and not _barrier_uploaded(rt, t)
+
+
 def _ir_line(rt: Any, t: Any, device: str, shape: str) -> str:
     """The tensor's IR value: None once it is plain device data."""
     if t._on_host or t._computed:

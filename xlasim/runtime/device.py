@@ -437,7 +437,9 @@ def release_graph_tasks(make_tensor: Callable[[int], torch.Tensor], indices: Ite
     """
     for index in indices:
         try:
-            backward_on_device(make_tensor(index).requires_grad_())
+            # The program may have turned gradients off for good (torch.set_grad_enabled).
+            with torch.enable_grad():
+                backward_on_device(make_tensor(index).requires_grad_())
         except RuntimeError as exc:
             if _NO_DEVICE_QUEUE not in str(exc):
                 raise

@@ -7,6 +7,7 @@ simulated ``torch_xla`` modules report is derived from it, so a fresh runtime me
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,11 +78,19 @@ class SimRuntime:
     """Slices of ``spec`` joined over DCN (a multislice job); each has ``spec``'s hosts."""
     slice_index: int = 0
     """Which of them this host belongs to (its ``MEGASCALE_SLICE_ID``)."""
-    default_device_index: int = 0
+    _default_devices: threading.local = field(
+        default_factory=threading.local, init=False, repr=False
+    )
+    _last_default_index: int = field(default=0, init=False, repr=False)
+    device_threads: int = 0
+    """How many device threads xmp.spawn runs in this process now (0 outside such a run)."""
     step_closures: list[tuple[bool, Callable[..., Any], tuple[Any, ...]]] = field(
         default_factory=list
     )
     """(run_async, closure, args), queued by xm.add_step_closure and run after a sync."""
+    async_closures: Any = None
+    """torch_xla.utils.closures.AsyncClosureHandler running the asynchronous step closures,
+    made at the first one."""
     replication_devices: int = 0
     """0 means "not replicated", which is what world_size() reads."""
     world_size: int | None = None
@@ -131,6 +140,8 @@ class SimRuntime:
     """The device data torch_xla has moved for Python numbers ops took (a cache)."""
     generator: torch.Generator = field(init=False)
     _client: Client | None = field(default=None, init=False, repr=False)
+    _client_failure: Exception | None = field(default=None, init=False, repr=False)
+    """Why the client could not be created: torch_xla keeps that answer for the process."""
     _saved_env: dict[str, str | None] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -184,13 +195,46 @@ class SimRuntime:
         """What starts torch_xla's runtime (a device named or used) creates the client:
         ``client``, or the one the environment names."""
         if self._client is None:
+            if self._client_failure is not None:
+                # Every later start fails the same way, whatever the environment says now.
+                raise self._client_failure.with_traceback(None)
             for hook in START_HOOKS:
                 hook(self)
-            self._client = client or client_from_env(
-                self.spec, self.host_index, num_slices=self.num_slices, slice_index=self.slice_index
-            )
+            try:
+                self._client = client or client_from_env(
+                    self.spec,
+                    self.host_index,
+                    num_slices=self.num_slices,
+                    slice_index=self.slice_index,
+                )
+            except Exception as e:
+                self._client_failure = e
+                raise
             if not self._client.is_tpu:
                 self.memory.host_memory(self._client.num_devices)
+
+    @property
+    def default_device_index(self) -> int:
+        """The index of this thread's default device: torch_xla keeps the current device per
+        thread, and a thread that never set one uses xla:0."""
+        index = getattr(self._default_devices, "index", None)
+        if index is not None:
+            return int(index)
+        if isinstance(threading.current_thread(), threading._DummyThread):
+            # A thread torch started (autograd's per-device threads): torch_xla's device guard
+            # gives it the device it serves, which the simulator's guard does not tell.
+            if self.device_threads > 1:
+                raise NotImplementedError(
+                    "xlasim does not simulate the current device of a thread torch started (an "
+                    "autograd device thread) while xmp.spawn runs one thread per device"
+                )
+            return self._last_default_index  # the device a one-device program set
+        return 0
+
+    @default_device_index.setter
+    def default_device_index(self, index: int) -> None:
+        self._default_devices.index = index
+        self._last_default_index = index
 
     @property
     def device_type(self) -> str:

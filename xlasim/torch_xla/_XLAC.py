@@ -36,6 +36,7 @@ from xlasim.runtime.debug_info import tensor_debug_info
 from xlasim.runtime.errors import aten_type_string, expected_xla_tensor
 from xlasim.runtime.graph import CompileError, CustomCall
 from xlasim.runtime.memory import reserve, reshard, sent_bytes, settle
+from xlasim.runtime.ready_callbacks import on_ready
 from xlasim.runtime.settings import xla_env_flag
 from xlasim.runtime.shards import (
     assemble_from_hosts,
@@ -989,6 +990,12 @@ def _get_xla_tensor_debug_info(t: Any) -> str:
     if isinstance(t, torch.Tensor) and t.device.type != "xla":
         return "Not a XLATensor\n"  # torch_xla 2.9's answer for a tensor of another device
     return tensor_debug_info(_rt(), xla_tensor(t))
+
+
+def _on_ready_callback(tensor: torch.Tensor, callback: Any) -> None:
+    if not isinstance(tensor, XlaSimTensor):
+        raise expected_xla_tensor(tensor, "")
+    on_ready(_rt(), tensor, callback)
 
 
 def _ensure_xla_coordinator_initialized(

@@ -5,14 +5,16 @@ simulated host, capped by ``TPU_PROCESS_BOUNDS``); each configures itself as tor
 launcher does (``PJRT_LOCAL_PROCESS_RANK``/``COUNT``, ``tpu.configure_topology``: the chip it
 sees, the process bounds, its task id) and is then the one-chip process of the slice with
 those ordinals, replicated over every chip.  On the PJRT CPU client torch_xla starts one
-process; its devices would each run the function in a thread of that process.
+process, whose devices each run the function in a thread of that process.
 """
 
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import functools
 import os
+import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -23,9 +25,12 @@ import torch_xla.core.xla_model as xm
 from torch_xla import runtime
 
 from xlasim.runtime import replicas, state
-from xlasim.runtime.settings import COMPILER_ENV, DRY_RUN_ENV, xla_env_int
+from xlasim.runtime.settings import COMPILER_ENV, DRY_RUN_ENV
 
 R = TypeVar("R")
+
+_DEVICE_TURN = threading.Lock()
+"""Held by the device thread whose ``fn`` runs (see :func:`_run_thread_per_device`)."""
 
 
 def _merge_replica_results(replica_results: list[tuple[int, R]]) -> dict[int, R]:
@@ -43,17 +48,31 @@ def _run_thread_per_device(
     fn: Callable[[], R],
     initializer_fn: Callable[[int, int], None],
 ) -> dict[int, R]:
-    """``fn`` on this process's device (torch_xla runs one thread per addressable device;
-    every simulated spawn process has one)."""
+    """``fn`` on each addressable device of this process, ``{global ordinal: result}``.
+
+    torch_xla runs ``fn`` in one thread per device, each with that device as its default
+    (on the PJRT CPU client with ``CPU_NUM_DEVICES`` > 1). The simulator's threads take turns:
+    its runtime serves one thread at a time, and no collective passes between the threads of
+    one process in the simulator (they raise NotImplementedError), so none waits on another.
+    A simulated spawn process with one device runs ``fn`` in its own thread.
+    """
     initializer_fn(local_rank, local_world_size)
     devices = xm.get_xla_supported_devices()
-    if len(devices) != 1:
-        raise NotImplementedError(
-            f"xlasim does not simulate one thread per device in an xmp.spawn process "
-            f"({len(devices)} devices here: {devices})"
-        )
-    torch_xla._XLAC._xla_set_default_device(devices[0])
-    return {runtime.global_ordinal(): fn()}
+
+    def on_device(device: str) -> tuple[int, R]:
+        with _DEVICE_TURN:
+            torch_xla._XLAC._xla_set_default_device(device)
+            return runtime.global_ordinal(), fn()
+
+    if len(devices) == 1:
+        return dict([on_device(devices[0])])
+    rt = state.current()
+    rt.device_threads = len(devices)
+    try:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(devices)) as pool:
+            return _merge_replica_results(list(pool.map(on_device, devices)))
+    finally:
+        rt.device_threads = 0
 
 
 def _run_singleprocess(fn: Callable[..., R], *args: Any, **kwargs: Any) -> R:
@@ -81,15 +100,7 @@ def unsimulated_reason() -> str | None:
     """Why the simulator cannot start torch_xla's processes for this host, or None."""
     rt = state.current()
     if runtime.device_type() != "TPU":
-        devices = xla_env_int("CPU_NUM_DEVICES", 1) if runtime.device_type() == "CPU" else 1
-        if devices > 1:
-            return (
-                f"xlasim does not simulate xmp.spawn on the PJRT CPU client with "
-                f"CPU_NUM_DEVICES={devices}: torch_xla runs one thread per CPU device in one "
-                "process there; use CPU_NUM_DEVICES=1, or the simulated TPU host (one process "
-                "per chip)"
-            )
-        return None
+        return None  # one process; on the CPU client, one thread per device in it
     if rt.spec.devices_per_chip > 1:
         return (
             f"xlasim does not simulate xmp.spawn on {rt.spec.accelerator}: each process owns "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import os
 import sys
@@ -13,6 +14,7 @@ from typing import Any, TextIO, TypedDict
 import torch
 import torch_xla
 import torch_xla.runtime as runtime
+import torch_xla.utils.closures as xc
 import torch_xla.utils.utils as xu
 from torch import optim
 from typing_extensions import deprecated
@@ -164,6 +166,13 @@ def _multi_replica(name: str) -> Exception:
     # device needs its own process, and torch_xla waits for the missing replicas until its
     # rendezvous times out and aborts.
     world, processes = runtime.world_size(), runtime.process_count()
+    threads = _runtime.current().device_threads
+    if threads > 1:
+        # The PJRT CPU client's xmp.spawn: torch_xla's replicas are threads of this process.
+        return NotImplementedError(
+            f"xlasim does not simulate xm.{name} between the {threads} device threads that "
+            "xmp.spawn runs in one process on the PJRT CPU client (CPU_NUM_DEVICES > 1)"
+        )
     return RuntimeError(
         f"xm.{name}: xr.world_size() is {world} (xm.set_replication over {world} devices) "
         f"but only {processes} process(es) take part, so the other replicas never join; "
@@ -688,11 +697,8 @@ class RateTracker:
 def add_step_closure(
     closure: Callable[..., Any], args: tuple[Any, ...] = (), run_async: bool = False
 ) -> None:
-    """Queues ``closure(*args)`` to run after the next sync, once its tensors are computed.
-
-    Simulated execution is synchronous, so asynchronous closures run in order at the same
-    point (before the synchronous ones, as torch_xla starts them first).
-    """
+    """Queues ``closure(*args)`` to run after the next sync, once its tensors are computed;
+    with ``run_async`` on a worker thread (torch_xla.utils.closures.AsyncClosureHandler)."""
     queue = _runtime.current().step_closures
     queue.append((run_async, closure, tuple(args)))
 
@@ -700,10 +706,15 @@ def add_step_closure(
 def _run_step_closures() -> DeviceContext:
     sim = _runtime.current()
     queued, sim.step_closures = sim.step_closures, []
-    for run_async in (True, False):
-        for is_async, closure, args in queued:
-            if is_async is run_async:
-                closure(*args)
+    # The asynchronous closures are handed to the worker first, as torch_xla does.
+    started = [functools.partial(c, *args) for is_async, c, args in queued if is_async]
+    if started:
+        if sim.async_closures is None:
+            sim.async_closures = xc.AsyncClosureHandler()
+        sim.async_closures.run_all(started)
+    for is_async, closure, args in queued:
+        if not is_async:
+            closure(*args)
     return _get_device_context()
 
 
