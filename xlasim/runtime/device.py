@@ -397,8 +397,7 @@ def backward_on_device(leaf: torch.Tensor) -> None:
     a noexcept destructor: the process aborts. A task started here holds no Python object, so
     releasing it never needs the GIL.
     """
-    with torch.enable_grad():  # the program may end with grad mode off
-        out = leaf.sum()
+    out = leaf.sum()
     # (tensors, grad_tensors, keep_graph, create_graph, inputs, allow_unreachable,
     # accumulate_grad): what torch.autograd.backward passes, minus the stored context.
     Variable._execution_engine.run_backward(
