@@ -29,6 +29,7 @@ from xlasim.runtime import state as _runtime
 from xlasim.runtime import strided as _strided
 from xlasim.runtime.device import FactoryKernels, set_wrapper_shape, xla_strides
 from xlasim.runtime.graph import CompileError, CustomCall, InputRef, Node, RecordedCall, stable_id
+from xlasim.runtime.kernel_counters import COPY_TO_HOST, EMPTY, EMPTY_STRIDED, kernel_counters
 from xlasim.runtime.kernel_inputs import check_cpu_inputs, rules_for
 from xlasim.runtime.lowerings import fallback_name
 from xlasim.sharding.messages import torch_xla_error
@@ -236,6 +237,13 @@ class XlaSimTensor(torch.Tensor):
         info = _op_info(func)
         if info.metadata:
             return _METADATA[func]
+        if info.counters:
+            counters = _runtime.current().metrics
+            names = info.counters
+            if info.op is _COPY and type(args[0]) is not XlaSimTensor:
+                names = COPY_TO_HOST
+            for name in names:
+                counters.inc(name)
         if _COPIES_SEEN and info.written:
             _refuse_copy_writes(info, args, kwargs)
             # Counted here too for the paths that write without ``_update``: a CPU fallback,
@@ -399,6 +407,7 @@ class _OpInfo:
         "cpu_rules",
         "fallback",
         "scalar_slots",
+        "counters",
     )
 
     written: tuple[tuple[int, str], ...]
@@ -419,6 +428,7 @@ class _OpInfo:
         if self.metadata:  # answered at once: no schema in the dispatcher to look at
             self.written, self.generator, self.cpu_rules, self.fallback = (), False, None, None
             self.scalar_slots = frozenset()
+            self.counters: tuple[str, ...] = ()
             return
         # Where a Python number becomes device data (position and name): a tensor or number
         # argument, but pow's exponent, which its lowering writes into the graph.
@@ -446,6 +456,8 @@ class _OpInfo:
         # The counter of torch_xla's CPU fallback for an op it does not lower (most: None).
         plain = self.handler is None and not self.identity
         self.fallback = fallback_name(op) if plain else None
+        # What torch_xla's kernels count for a call (its ``xla::`` counters).
+        self.counters = kernel_counters(op)
 
 
 _CLAMPS = frozenset({aten.clamp.default, aten.clamp_.default})
@@ -1753,4 +1765,10 @@ def _storage_device() -> torch.device:
     return dry_run.META if _runtime.current().dry_run else _CPU
 
 
-FACTORY_KERNELS = FactoryKernels(wrap_factory, _copy_into, reserve_factory, _storage_device)
+def _count_factory(strided: bool) -> None:
+    _runtime.current().metrics.inc(EMPTY_STRIDED if strided else EMPTY)
+
+
+FACTORY_KERNELS = FactoryKernels(
+    wrap_factory, _copy_into, reserve_factory, _storage_device, _count_factory
+)
