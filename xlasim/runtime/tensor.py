@@ -1719,10 +1719,24 @@ def _native_batch_norm(func, args, kwargs):
     momentum = given["momentum"]
     batch_var = x.var(dim=[d for d in range(x.dim()) if d != 1], unbiased=False)
     running_var._elem.copy_(batch_var * momentum + before * (1 - momentum))
-    if _COPIES_SEEN:  # the schema marks no argument written: the statistics are counted here
-        for stat in (given.get("running_mean"), running_var):
-            if isinstance(stat, XlaSimTensor):
+    stats = [t for t in (given.get("running_mean"), running_var) if type(t) is XlaSimTensor]
+    first = out[0]
+    if type(first) is not XlaSimTensor or first._node is None:  # recorded for a compiler
+        if _COPIES_SEEN:  # the schema marks no argument written: the statistics count here
+            for stat in stats:
                 _count_write(stat._elem)
+        return out
+    # The statistics become pending values of the same graph (real torch_xla 2.9: a
+    # ``xla::moving_average`` node over the batch's statistics), so a step computes them
+    # with the output; eager mode runs the op's outputs and both statistics as one graph.
+    node = first._node
+    stat_runtime = first._rt
+    for index, stat in enumerate(stats, start=len(out)):
+        _update(stat, stat._elem, index, func, node.hash, node.inputs, stat_runtime.graphs.pending)
+    graphs = stat_runtime.graphs
+    if _graph.EAGER_SEEN and graphs.use_eager_mode:
+        computed = [t for t in (*out, *stats) if type(t) is XlaSimTensor and t._node is not None]
+        graphs.execute(computed, sync_all=False, spmd=stat_runtime.spmd, eager=True)
     return out
 
 
