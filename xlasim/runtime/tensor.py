@@ -1740,7 +1740,26 @@ def _native_batch_norm(func, args, kwargs):
     return out
 
 
+def _allclose(func, args, kwargs):
+    """torch_xla has no kernel for ``allclose``: PyTorch's composite kernel runs on the device
+    tensors (``isclose``, reduced with ``all``, read with ``item``), so its ops are graph (or
+    eager) ops of their own and reading the answer runs them (real torch_xla 2.9 on CPU)."""
+    names = ("self", "other", "rtol", "atol", "equal_nan")
+    given = dict(zip(names, args, strict=False)) | kwargs
+    # Called from here ops skip autograd, where PyTorch decomposes isclose and item: so
+    # decomposed here, as they are on their way to torch_xla's kernels.
+    close = aten.isclose.default.decompose(
+        given["self"],
+        given["other"],
+        given.get("rtol", 1e-05),
+        given.get("atol", 1e-08),
+        given.get("equal_nan", False),
+    )
+    return bool(aten._local_scalar_dense.default(aten.all.default(close)))
+
+
 _SPECIAL = {
+    aten.allclose.default: _allclose,
     aten.native_batch_norm.default: _native_batch_norm,
     aten.index.Tensor: _masked_indices,
     aten.index_put.default: _masked_indices,
