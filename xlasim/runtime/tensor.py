@@ -702,9 +702,9 @@ def _run(info: _OpInfo, args: Any, kwargs: Any) -> Any:
             numbers = named if numbers is None else numbers + named
         kwargs = {k: _unwrap_other(v, parts, inputs, wrappers, runtime) for k, v in kwargs.items()}
         if info.generator and kwargs.get("generator") is None:
-            kwargs["generator"] = runtime.generator
+            kwargs["generator"] = runtime.random_generator()
     elif info.generator:
-        kwargs = {"generator": runtime.generator}
+        kwargs = {"generator": runtime.random_generator()}
     try:
         out = info.call(*cargs, **kwargs) if kwargs else info.call(*cargs)
     except RuntimeError as exc:
