@@ -27,6 +27,7 @@ from xlasim.runtime import legacy_long as _legacy_long
 from xlasim.runtime import numerics as _numerics
 from xlasim.runtime import state as _runtime
 from xlasim.runtime import strided as _strided
+from xlasim.runtime import unfunctionalized as _unfunctionalized
 from xlasim.runtime.device import FactoryKernels, set_wrapper_shape, xla_strides
 from xlasim.runtime.graph import CompileError, CustomCall, InputRef, Node, RecordedCall, stable_id
 from xlasim.runtime.kernel_counters import COPY_TO_HOST, EMPTY, EMPTY_STRIDED, kernel_counters
@@ -1758,8 +1759,19 @@ def _allclose(func, args, kwargs):
     return bool(aten._local_scalar_dense.default(aten.all.default(close)))
 
 
+def _expand(func, args, kwargs):
+    """Without functionalization torch_xla's own expand kernel checks the sizes first."""
+    if _unfunctionalized.disabled():
+        sizes = args[1] if len(args) > 1 else kwargs["size"]
+        message = _unfunctionalized.expand_error(args[0], sizes)
+        if message is not None:
+            raise RuntimeError(message)
+    return _run_op(func, args, kwargs)
+
+
 _SPECIAL = {
     aten.allclose.default: _allclose,
+    aten.expand.default: _expand,
     aten.native_batch_norm.default: _native_batch_norm,
     aten.index.Tensor: _masked_indices,
     aten.index_put.default: _masked_indices,
