@@ -6,7 +6,8 @@ before its user; ``xla::device_data()`` for data, ``prim::Constant()`` for the `
 add or sub takes, the given tensors marked ``ROOT=<index>``. Written here for device data, the
 elementwise add, sub, mul and div of tensors of one dtype, ``pow`` of a floating tensor by a
 Python number (the number a ``prim::Constant()`` of the tensor's type, whatever its value) and
-``floor_divide`` of floating tensors (an ``aten::div`` node, then an ``aten::floor`` one); any
+``floor_divide`` of floating tensors (an ``aten::div`` node, then an ``aten::floor`` one),
+``addcdiv``/``addcmul`` of tensors of one dtype (their ``value`` an f64 or s64 number); any
 other op, or a Python number among other ops' operands, raises NotImplementedError instead of
 inventing text. Under ``XLA_USE_BF16``/``XLA_DOWNCAST_BF16``/``XLA_USE_32BIT_LONG`` a value
 shows the type the device stores it in.
@@ -26,8 +27,12 @@ from xlasim.runtime.tensor import XlaSimTensor, device_data_key
 aten = torch.ops.aten
 _WITH_ALPHA = {aten.add.Tensor: "aten::add", aten.sub.Tensor: "aten::sub"}
 _PLAIN = {aten.mul.Tensor: "aten::mul", aten.div.Tensor: "aten::div"}
+_ADDC = {aten.addcdiv.default: "aten::addcdiv", aten.addcmul.default: "aten::addcmul"}
 _WRITTEN = "written: device data, add/sub/mul/div of two tensors with alpha 1, pow of a "
-_WRITTEN += "floating tensor by a number, floor_divide of floating tensors"
+_WRITTEN += "floating tensor by a number, floor_divide of floating tensors, addcdiv/addcmul "
+_WRITTEN += "of tensors of one dtype"
+# Numbers torch_xla writes into the graph as constants rather than moving them as data.
+_CONSTANT_NUMBERS = (0, 1, -1)
 
 
 def _shape(dtype: torch.dtype, dims: tuple[int, ...]) -> str:
@@ -71,8 +76,30 @@ class _Printer:
             return item[1]
         if item.op is aten.pow.Tensor_Scalar:
             return self.dtype(item.inputs[0])
-        a, b = (self.dtype(operand) for operand in item.inputs)
-        return torch.promote_types(a, b)
+        dtypes = [self.dtype(operand) for operand in item.inputs]
+        result = dtypes[0]
+        for other in dtypes[1:]:
+            result = torch.promote_types(result, other)
+        return result
+
+    def _addc(self, item: Node, kwargs: Any) -> tuple[int, torch.dtype]:
+        """``addcdiv``/``addcmul``: the ``value`` (last operand, reached first) is an f64
+        number for a Python float, s64 for an int (1 when not given); a constant if 0, 1 or
+        -1, else device data. Measured with tensors of one dtype only."""
+        value = (kwargs or {}).get("value", 1)
+        dtypes = {self.dtype(o) for o in item.inputs}
+        legacy = self.storage != legacy_bf16.OFF or self.long_storage
+        if type(value) not in (int, float) or len(dtypes) != 1 or legacy:
+            raise _unwritten(item.op)
+        scalar = _shape(torch.float64 if type(value) is float else torch.int64, ())
+        kind = "prim::Constant()" if value in _CONSTANT_NUMBERS else "xla::device_data()"
+        number = len(self.lines)
+        self.lines.append(f"  %{number} = {scalar} {kind}, xla_shape={scalar}")
+        operands = [self.value(item.inputs[i])[0] for i in reversed(range(3))]
+        args = ", ".join(f"%{n}" for n in (*reversed(operands), number))
+        dtype = dtypes.pop()
+        shape = self._shape(dtype, tuple(item.shape or ()))
+        return self._emit(id(item), dtype, shape, f"{_ADDC[item.op]}({args})"), dtype
 
     def _pow(self, item: Node, consts: Any) -> tuple[int, torch.dtype]:
         """``pow(tensor, number)``: the number is a constant of the tensor's type, reached
@@ -113,6 +140,8 @@ class _Printer:
             return self._pow(item, consts)
         if item.op is aten.floor_divide.default and len(item.inputs) == 2 and not consts:
             return self._floor_divide(item)
+        if item.op in _ADDC and len(item.inputs) == 3 and not list(consts):
+            return self._addc(item, kwargs)
         name = _WITH_ALPHA.get(item.op) or _PLAIN.get(item.op)
         alpha = (kwargs or {}).get("alpha", 1)
         if name is None or len(item.inputs) != 2 or list(consts) or alpha != 1:
