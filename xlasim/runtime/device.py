@@ -458,6 +458,7 @@ class FactoryKernels:
         copy_into: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
         reserve: Callable[[Any, torch.dtype | None, torch.device | None], None],
         storage: Callable[[], torch.device],
+        count: Callable[[bool], None],
     ) -> None:
         self._wrap_new = wrap_new
         self._copy_into = copy_into
@@ -466,18 +467,22 @@ class FactoryKernels:
         self._reserve = reserve
         # Where a new device tensor's values live: the CPU, or meta in a dry run.
         self._storage = storage
+        # Counts a call of torch_xla's empty kernel (strided or not) among its op counters.
+        self._count = count
         self._lib: torch.library.Library | None = None
 
     def register(self) -> None:
         if self._lib is not None:
             return
         wrap_new, reserve, storage = self._wrap_new, self._reserve, self._storage
+        count = self._count
         lib = torch.library.Library("aten", "IMPL", "XLA")
 
         def empty_memory_format(
             size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None
         ):
             reserve(size, dtype, device)
+            count(False)
             values = torch.empty(
                 concrete(size),
                 dtype=dtype,
@@ -489,6 +494,7 @@ class FactoryKernels:
 
         def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):
             reserve(size, dtype, device)
+            count(True)
             values = torch.empty_strided(
                 concrete(size), concrete(stride), dtype=dtype, layout=layout, device=storage()
             )

@@ -6,7 +6,8 @@ before its user; ``xla::device_data()`` for data, ``prim::Constant()`` for the `
 add or sub takes, the given tensors marked ``ROOT=<index>``. Written here for device data, the
 elementwise add, sub, mul and div of tensors of one dtype, ``pow`` of a floating tensor by a
 Python number (the number a ``prim::Constant()`` of the tensor's type, whatever its value) and
-``floor_divide`` of floating tensors (an ``aten::div`` node, then an ``aten::floor`` one); any
+``floor_divide`` of floating tensors (an ``aten::div`` node, then an ``aten::floor`` one),
+``addcdiv``/``addcmul`` of tensors of one dtype (their ``value`` an f64 or s64 number); any
 other op, or a Python number among other ops' operands, raises NotImplementedError instead of
 inventing text. With ``XLA_EXPERIMENTAL`` naming them, ``nonzero`` and ``masked_select`` are
 nodes of two outputs (``(s32[<=6,1]{1,0}, s32[]) aten::nonzero(%0), num_outputs=2``), a
@@ -32,9 +33,13 @@ aten = torch.ops.aten
 _DYNAMIC = frozenset({aten.nonzero.default, aten.masked_select.default})
 _WITH_ALPHA = {aten.add.Tensor: "aten::add", aten.sub.Tensor: "aten::sub"}
 _PLAIN = {aten.mul.Tensor: "aten::mul", aten.div.Tensor: "aten::div"}
+_ADDC = {aten.addcdiv.default: "aten::addcdiv", aten.addcmul.default: "aten::addcmul"}
 _WRITTEN = "written: device data, add/sub/mul/div of two tensors with alpha 1, pow of a "
-_WRITTEN += "floating tensor by a number, floor_divide of floating tensors, nonzero and "
-_WRITTEN += "masked_select lowered with a dynamic dimension (XLA_EXPERIMENTAL) but no op on them"
+_WRITTEN += "floating tensor by a number, floor_divide of floating tensors, addcdiv/addcmul "
+_WRITTEN += "of tensors of one dtype, nonzero and masked_select lowered with a dynamic "
+_WRITTEN += "dimension (XLA_EXPERIMENTAL) but no op on them"
+# Numbers torch_xla writes into the graph as constants rather than moving them as data.
+_CONSTANT_NUMBERS = (0, 1, -1)
 
 
 def _shape(dtype: torch.dtype, dims: tuple[int, ...]) -> str:
@@ -81,8 +86,30 @@ class _Printer:
             return torch.int32  # torch_xla's index type (measured on CPU)
         if item.op is aten.pow.Tensor_Scalar or item.op is aten.masked_select.default:
             return self.dtype(item.inputs[0])
-        a, b = (self.dtype(operand) for operand in item.inputs)
-        return torch.promote_types(a, b)
+        dtypes = [self.dtype(operand) for operand in item.inputs]
+        result = dtypes[0]
+        for other in dtypes[1:]:
+            result = torch.promote_types(result, other)
+        return result
+
+    def _addc(self, item: Node, kwargs: Any) -> tuple[int, torch.dtype]:
+        """``addcdiv``/``addcmul``: the ``value`` (last operand, reached first) is an f64
+        number for a Python float, s64 for an int (1 when not given); a constant if 0, 1 or
+        -1, else device data. Measured with tensors of one dtype only."""
+        value = (kwargs or {}).get("value", 1)
+        dtypes = {self.dtype(o) for o in item.inputs}
+        legacy = self.storage != legacy_bf16.OFF or self.long_storage
+        if type(value) not in (int, float) or len(dtypes) != 1 or legacy:
+            raise _unwritten(item.op)
+        scalar = _shape(torch.float64 if type(value) is float else torch.int64, ())
+        kind = "prim::Constant()" if value in _CONSTANT_NUMBERS else "xla::device_data()"
+        number = len(self.lines)
+        self.lines.append(f"  %{number} = {scalar} {kind}, xla_shape={scalar}")
+        operands = [self.value(item.inputs[i])[0] for i in reversed(range(3))]
+        args = ", ".join(f"%{n}" for n in (*reversed(operands), number))
+        dtype = dtypes.pop()
+        shape = self._shape(dtype, tuple(item.shape or ()))
+        return self._emit(id(item), dtype, shape, f"{_ADDC[item.op]}({args})"), dtype
 
     def _pow(self, item: Node, consts: Any) -> tuple[int, torch.dtype]:
         """``pow(tensor, number)``: the number is a constant of the tensor's type, reached
@@ -162,6 +189,8 @@ class _Printer:
             return self._pow(item, consts)
         if item.op is aten.floor_divide.default and len(item.inputs) == 2 and not consts:
             return self._floor_divide(item)
+        if item.op in _ADDC and len(item.inputs) == 3 and not list(consts):
+            return self._addc(item, kwargs)
         name = _WITH_ALPHA.get(item.op) or _PLAIN.get(item.op)
         alpha = (kwargs or {}).get("alpha", 1)
         if name is None or len(item.inputs) != 2 or list(consts) or alpha != 1:

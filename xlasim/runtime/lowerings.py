@@ -46,7 +46,7 @@ def _with_name(op: Any, name: str) -> str:
     return name if overload == "default" else f"{name}.{overload}"
 
 
-def _lowered(op: Any) -> bool:
+def lowered(op: Any) -> bool:
     """Whether torch_xla has a kernel for ``op`` as functionalization hands it over."""
     kernels = _kernels()
     if _qualified(op) in kernels:
@@ -82,7 +82,7 @@ def fallback_name(op: Any) -> str | None:
         return None
     if _qualified(op) in EXPERIMENTS:  # lowered with a dynamic output shape when asked for
         return None if experiment_on(_qualified(op)) else _qualified(op)
-    if _lowered(op):
+    if lowered(op):
         return None
     if torch._C._dispatch_has_kernel_for_dispatch_key(_qualified(op), _IMPLICIT):
         return None  # decomposed before any backend sees it
@@ -92,6 +92,6 @@ def fallback_name(op: Any) -> str | None:
         return _qualified(op)
     # A composite kernel: it falls back only through an out= variant with a CPU kernel.
     out = getattr(op.overloadpacket, "out", None)
-    if out is None or _lowered(out) or _has_composite(_qualified(out)):
+    if out is None or lowered(out) or _has_composite(_qualified(out)):
         return None
     return _qualified(out)

@@ -1,9 +1,10 @@
 """Counters and metrics under torch_xla's own names.
 
 Only the names the simulator can account for honestly are ever created; a name that real
-torch_xla would report but the simulator cannot reproduce (per-op ``xla::*`` lowering counters,
-``CreateXlaTensor``...) is never invented; the ``xla::`` counters of the collective bindings
-(``xla::AllGather``, ``xla::all_reduce``...) are counted where the simulated collective runs.
+torch_xla would report but the simulator cannot reproduce (``CreateXlaTensor``...) is never
+invented. The ``xla::<kernel>`` counter of each XLA kernel call is counted where the op is
+dispatched (``kernel_counters``), and those of the collective bindings (``xla::AllGather``,
+``xla::all_reduce``...) where the simulated collective runs.
 Not yet accounted: under SPMD, a tensor whose upload torch_xla deferred from ``.to('xla')``
 and that is still on the host at a sync is uploaded by torch_xla then; the simulator records
 that upload only at the tensor's first use.

@@ -98,6 +98,9 @@ class SimRuntime:
     devices_used: bool = False
     """Set once a tensor lives on a device: torch_xla then calls the SPMD config locked."""
     rng_seed: int = 0
+    """The running seed (``xm.get_rng_state()``): moved on by each random op."""
+    rng_base: int = 0
+    """The step's base seed (``_get_base_seed_as_tensor``): moved on by each step barrier."""
     device_contexts: dict[str, Any] = field(default_factory=dict)
     """``xm``'s per-device context objects, by device name."""
     memory: HBM = field(init=False)
@@ -267,11 +270,30 @@ class SimRuntime:
         self.graphs.settle_moved_data()
         self.metrics.inc("MarkStep")
         self.step_barriers += 1
+        # Each step barrier moves the base seed on and the running seed restarts from it,
+        # whether or not the step drew random numbers (torch_xla 2.9's constants, as measured
+        # through ``xm.get_rng_state()``).
+        self.rng_base = (self.rng_base * 7012063 + 1012031) % 2**64
+        self._seed(self.rng_base)
 
     def manual_seed(self, seed: int) -> None:
+        self.rng_base = int(seed) % 2**64
+        self._seed(self.rng_base)
+
+    def random_generator(self) -> torch.Generator:
+        """The generator one random op draws from. torch_xla moves the running seed on for
+        each such op (constants measured through ``xm.get_rng_state()``); in eager mode the
+        op runs at once, and the base seed follows. The values drawn are a function of the
+        seed, so ``xm.set_rng_state`` with a seed read before a draw repeats it."""
+        self._seed((self.rng_seed * 214013 + 2531011) % 2**64)
+        if self.graphs.use_eager_mode:
+            self.rng_base = self.rng_seed
+        return self.generator
+
+    def _seed(self, seed: int) -> None:
         # One generator for the whole slice: every device draws the same stream.
-        self.rng_seed = int(seed)
-        self.generator.manual_seed(self.rng_seed)
+        self.rng_seed = seed
+        self.generator.manual_seed(seed)
 
 
 @dataclass

@@ -28,8 +28,10 @@ from xlasim.runtime import legacy_long as _legacy_long
 from xlasim.runtime import numerics as _numerics
 from xlasim.runtime import state as _runtime
 from xlasim.runtime import strided as _strided
+from xlasim.runtime import unfunctionalized as _unfunctionalized
 from xlasim.runtime.device import FactoryKernels, set_wrapper_shape, xla_strides
 from xlasim.runtime.graph import CompileError, CustomCall, InputRef, Node, RecordedCall, stable_id
+from xlasim.runtime.kernel_counters import COPY_TO_HOST, EMPTY, EMPTY_STRIDED, kernel_counters
 from xlasim.runtime.kernel_inputs import check_cpu_inputs, rules_for
 from xlasim.runtime.lowerings import fallback_name
 from xlasim.sharding.messages import torch_xla_error
@@ -237,6 +239,13 @@ class XlaSimTensor(torch.Tensor):
         info = _op_info(func)
         if info.metadata:
             return _METADATA[func]
+        if info.counters:
+            counters = _runtime.current().metrics
+            names = info.counters
+            if info.op is _COPY and type(args[0]) is not XlaSimTensor:
+                names = COPY_TO_HOST
+            for name in names:
+                counters.inc(name)
         if _dynamic_dims.SEEN and _dynamic_dims.involved(args, kwargs):
             return _dynamic_op(info, args, kwargs)
         return _dispatch(info, args, kwargs)
@@ -495,6 +504,7 @@ class _OpInfo:
         "cpu_rules",
         "fallback",
         "scalar_slots",
+        "counters",
     )
 
     written: tuple[tuple[int, str], ...]
@@ -515,6 +525,7 @@ class _OpInfo:
         if self.metadata:  # answered at once: no schema in the dispatcher to look at
             self.written, self.generator, self.cpu_rules, self.fallback = (), False, None, None
             self.scalar_slots = frozenset()
+            self.counters: tuple[str, ...] = ()
             return
         # Where a Python number becomes device data (position and name): a tensor or number
         # argument, but pow's exponent, which its lowering writes into the graph.
@@ -542,6 +553,8 @@ class _OpInfo:
         # The counter of torch_xla's CPU fallback for an op it does not lower (most: None).
         plain = self.handler is None and not self.identity
         self.fallback = fallback_name(op) if plain else None
+        # What torch_xla's kernels count for a call (its ``xla::`` counters).
+        self.counters = kernel_counters(op)
 
 
 _CLAMPS = frozenset({aten.clamp.default, aten.clamp_.default})
@@ -787,9 +800,9 @@ def _run(info: _OpInfo, args: Any, kwargs: Any) -> Any:
             numbers = named if numbers is None else numbers + named
         kwargs = {k: _unwrap_other(v, parts, inputs, wrappers, runtime) for k, v in kwargs.items()}
         if info.generator and kwargs.get("generator") is None:
-            kwargs["generator"] = runtime.generator
+            kwargs["generator"] = runtime.random_generator()
     elif info.generator:
-        kwargs = {"generator": runtime.generator}
+        kwargs = {"generator": runtime.random_generator()}
     op_checks.check(info.op, tuple(cargs), kwargs)
     try:
         out = info.call(*cargs, **kwargs) if kwargs else info.call(*cargs)
@@ -1811,14 +1824,58 @@ def _native_batch_norm(func, args, kwargs):
     momentum = given["momentum"]
     batch_var = x.var(dim=[d for d in range(x.dim()) if d != 1], unbiased=False)
     running_var._elem.copy_(batch_var * momentum + before * (1 - momentum))
-    if _COPIES_SEEN:  # the schema marks no argument written: the statistics are counted here
-        for stat in (given.get("running_mean"), running_var):
-            if isinstance(stat, XlaSimTensor):
+    stats = [t for t in (given.get("running_mean"), running_var) if type(t) is XlaSimTensor]
+    first = out[0]
+    if type(first) is not XlaSimTensor or first._node is None:  # recorded for a compiler
+        if _COPIES_SEEN:  # the schema marks no argument written: the statistics count here
+            for stat in stats:
                 _count_write(stat._elem)
+        return out
+    # The statistics become pending values of the same graph (real torch_xla 2.9: a
+    # ``xla::moving_average`` node over the batch's statistics), so a step computes them
+    # with the output; eager mode runs the op's outputs and both statistics as one graph.
+    node = first._node
+    stat_runtime = first._rt
+    for index, stat in enumerate(stats, start=len(out)):
+        _update(stat, stat._elem, index, func, node.hash, node.inputs, stat_runtime.graphs.pending)
+    graphs = stat_runtime.graphs
+    if _graph.EAGER_SEEN and graphs.use_eager_mode:
+        computed = [t for t in (*out, *stats) if type(t) is XlaSimTensor and t._node is not None]
+        graphs.execute(computed, sync_all=False, spmd=stat_runtime.spmd, eager=True)
     return out
 
 
+def _allclose(func, args, kwargs):
+    """torch_xla has no kernel for ``allclose``: PyTorch's composite kernel runs on the device
+    tensors (``isclose``, reduced with ``all``, read with ``item``), so its ops are graph (or
+    eager) ops of their own and reading the answer runs them (real torch_xla 2.9 on CPU)."""
+    names = ("self", "other", "rtol", "atol", "equal_nan")
+    given = dict(zip(names, args, strict=False)) | kwargs
+    # Called from here ops skip autograd, where PyTorch decomposes isclose and item: so
+    # decomposed here, as they are on their way to torch_xla's kernels.
+    close = aten.isclose.default.decompose(
+        given["self"],
+        given["other"],
+        given.get("rtol", 1e-05),
+        given.get("atol", 1e-08),
+        given.get("equal_nan", False),
+    )
+    return bool(aten._local_scalar_dense.default(aten.all.default(close)))
+
+
+def _expand(func, args, kwargs):
+    """Without functionalization torch_xla's own expand kernel checks the sizes first."""
+    if _unfunctionalized.disabled():
+        sizes = args[1] if len(args) > 1 else kwargs["size"]
+        message = _unfunctionalized.expand_error(args[0], sizes)
+        if message is not None:
+            raise RuntimeError(message)
+    return _run_op(func, args, kwargs)
+
+
 _SPECIAL = {
+    aten.allclose.default: _allclose,
+    aten.expand.default: _expand,
     aten.native_batch_norm.default: _native_batch_norm,
     aten.index.Tensor: _masked_indices,
     aten.index_put.default: _masked_indices,
@@ -1859,4 +1916,10 @@ def _storage_device() -> torch.device:
     return dry_run.META if _runtime.current().dry_run else _CPU
 
 
-FACTORY_KERNELS = FactoryKernels(wrap_factory, _copy_into, reserve_factory, _storage_device)
+def _count_factory(strided: bool) -> None:
+    _runtime.current().metrics.inc(EMPTY_STRIDED if strided else EMPTY)
+
+
+FACTORY_KERNELS = FactoryKernels(
+    wrap_factory, _copy_into, reserve_factory, _storage_device, _count_factory
+)

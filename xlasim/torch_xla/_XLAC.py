@@ -515,11 +515,14 @@ def _get_seed_info_id() -> int:
 
 
 def _get_base_seed_as_tensor(device: str) -> torch.Tensor:
-    """The device's RNG seed as an int64 scalar on the device: the seed last set, moved on by
-    each step that drew random numbers (torch_xla 2.9: equal to ``xm.get_rng_state()``)."""
+    """The device's base RNG seed as an int64 scalar on the device: the seed last set, moved
+    on by each step barrier (and in eager mode by each random op); within a lazy step it is
+    not the running seed ``xm.get_rng_state()`` reads (torch_xla 2.9). Its 64 bits are read
+    as a signed number."""
     if not device:
         raise RuntimeError("Device string must not be empty")
-    return torch.tensor(_rt().rng_seed, dtype=torch.int64, device=device)
+    base = _rt().rng_base
+    return torch.tensor(base - 2**64 if base >= 2**63 else base, dtype=torch.int64, device=device)
 
 
 def _init_xla_lazy_backend() -> None:

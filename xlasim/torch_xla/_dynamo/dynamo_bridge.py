@@ -293,7 +293,9 @@ def _pending_outputs(out: Any) -> list[XlaSimTensor]:
 
 
 def _run(gm: torch.fx.GraphModule, args: tuple[Any, ...], traced: _Traced, runtime: Any) -> Any:
-    with buffer_donation.compiled_program_running():
+    # The compiled program runs as one graph in eager mode too (``ExecuteTime``, not an eager
+    # op per node): the ops traced here are its program's, not eager ops.
+    with buffer_donation.compiled_program_running(), eager_mode_context(False):
         out = gm(*args)
     outputs = _pending_outputs(out)
     if outputs:
