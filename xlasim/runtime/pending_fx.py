@@ -131,16 +131,23 @@ def pending_graph(
 ) -> tuple[torch.fx.GraphModule, list[tuple[tuple[int, ...], torch.dtype]]]:
     """The graph computing ``tensors`` (simulated device tensors; ``leaf_of(t)`` is the device
     data a tensor without a pending op reads) and its inputs' shapes and dtypes, in order."""
+    module, leaves = graph_over(tensors, leaf_of)
+    return module, [(tuple(leaf[0]), leaf[1]) for leaf in leaves]
+
+
+def graph_over(
+    tensors: Sequence[Any], leaf_of: Any
+) -> tuple[torch.fx.GraphModule, list[tuple[Any, ...]]]:
+    """``pending_graph``, with the device-data keys its placeholders stand for, in order."""
     roots = [t._node if t._node is not None else leaf_of(t) for t in tensors]
     order = _walk(roots)
     graph = torch.fx.Graph()
     values: dict[int, Any] = {}
-    inputs: list[tuple[tuple[int, ...], torch.dtype]] = []
+    inputs: list[tuple[Any, ...]] = []
     for item in order:
         if not isinstance(item, Node):
-            shape, dtype = tuple(item[0]), item[1]
             values[id(item)] = graph.placeholder(f"p{len(inputs)}")
-            inputs.append((shape, dtype))
+            inputs.append(item)
     calls: dict[int, Any] = {}  # id(recorded constants) -> the one call of a multi-output op
     for item in order:
         if not isinstance(item, Node):

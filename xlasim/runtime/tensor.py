@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from xlasim.runtime import dry_run, memory, op_checks
+from xlasim.runtime import data_keys, dry_run, memory, op_checks
 from xlasim.runtime import dynamic_dims as _dynamic_dims
 from xlasim.runtime import errors as _errors
 from xlasim.runtime import graph as _graph
@@ -257,6 +257,8 @@ _make_wrapper = torch.Tensor._make_wrapper_subclass
 def _dispatch(info: _OpInfo, args: Any, kwargs: Any) -> Any:
     """One op call on xla tensors of static shapes."""
     func = info.op
+    if info.written and data_keys.keeping():
+        _keep_written(info, args, kwargs)
     if _COPIES_SEEN and info.written:
         _refuse_copy_writes(info, args, kwargs)
         # Counted here too for the paths that write without ``_update``: a CPU fallback,
@@ -574,11 +576,17 @@ def _op_info(op: Any) -> _OpInfo:
     return info
 
 
-def _leaf_key(t: XlaSimTensor) -> tuple[Any, ...]:
+def compute(op: Any) -> Any:
+    """The callable computing aten op ``op`` on CPU values as the simulated device does (a
+    matmul-class op at the TPU's precision)."""
+    return _op_info(op).call
+
+
+def _leaf_key(t: XlaSimTensor) -> data_keys.DataKey:
     """A device-data input as the graph hash sees it (made an ``InputInfo`` only on demand)."""
     sharding = t._sharding
     shape = _dynamic_dims.xla_shape(t) if _dynamic_dims.SEEN else tuple(t.shape)
-    return (shape, t.dtype, sharding.op.to_string() if sharding else "")
+    return data_keys.new_key(shape, t.dtype, sharding.op.to_string() if sharding else "", t)
 
 
 def _arg_key(a: Any) -> Any:
@@ -1685,6 +1693,14 @@ def _count_write(value: torch.Tensor) -> None:
         entry = _WATCHED.get(value.untyped_storage().data_ptr())
         if entry is not None:
             entry[0] += 1
+
+
+def _keep_written(info: _OpInfo, args: Any, kwargs: Any) -> None:
+    """Before an op writes into device-data tensors: their keys keep the values they had."""
+    for index, name in info.written:
+        a = args[index] if index < len(args) else (kwargs or {}).get(name)
+        if type(a) is XlaSimTensor and a._node is None and a._leaf is not None:
+            data_keys.before_write(a._leaf[1], a)
 
 
 def _count_written(info: _OpInfo, args: Any, kwargs: Any) -> None:

@@ -556,9 +556,7 @@ def _xla_get_tensor_id(t: Any) -> int:
 def _get_tensors_xla_device_data_node(tensors: Sequence[Any]) -> tuple[list[int], list[Any]]:
     """(ids, tensors) of the device data the tensors' graph reads; each returned tensor is a
     new one on the same data, as torch_xla's."""
-    held = graph_inputs.device_data_inputs([xla_tensor(t) for t in tensors])
-    with torch.no_grad():
-        return [graph_inputs.tensor_id(t) for t in held], [t.detach() for t in held]
+    return graph_inputs.listed_inputs([xla_tensor(t) for t in tensors])
 
 
 def _xla_warm_up_cache(tensors: Sequence[Any], devices: Sequence[str]) -> None:
