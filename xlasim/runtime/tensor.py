@@ -1509,6 +1509,17 @@ def _copy_(func, args, kwargs):
             raise dry_run.needs_values(f"copying a device tensor into a {dst.device.type} tensor")
         dst.copy_(src._elem, **kwargs)
         return dst
+    if _takes_data_of(dst, src):
+        # torch_xla gives ``dst`` the IR value of ``src``: its device data, which is no
+        # pending computation (a sync runs nothing for it). The values are copied, as the
+        # simulator's ops write into a tensor's own values in place.
+        runtime = owned(dst)
+        owned(src)
+        dst._elem.copy_(src._elem)
+        dst._node, dst._leaf, dst._aliased = None, None, False
+        dst._computed, dst._uploaded_at = src._computed, src._uploaded_at
+        memory.settle(runtime, dst)
+        return dst
     out = _run_op(func, args, kwargs)
     if isinstance(src, XlaSimTensor):
         _replicate_moved(src, src._rt)
@@ -1516,6 +1527,30 @@ def _copy_(func, args, kwargs):
             # The destination takes a sharded source's spec; an unsharded one leaves its own.
             out._sharding = src._sharding
     return out
+
+
+def _takes_data_of(dst: XlaSimTensor, src: Any) -> bool:
+    """Whether ``dst.copy_(src)`` leaves ``dst`` holding ``src``'s device data as it is
+    (measured on torch_xla 2.9 CPU: a sync after it runs nothing): ``src`` is device data of
+    the same dtype and shape, neither is a view, both are unsharded and off SPMD (where the
+    copy's sharding rules apply)."""
+    return (
+        type(src) is XlaSimTensor
+        and src._node is None
+        and src.dtype == dst.dtype
+        and src.shape == dst.shape
+        and not src._on_host
+        and not (src._buf is not None and src._buf.cleared)
+        and src._sharding is None
+        and dst._sharding is None
+        and src._manual is None
+        and dst._manual is None
+        and src._copied is None
+        and dst._copied is None
+        and dst._slice_root is None
+        and not dst._elem._is_view()
+        and not src._rt.spmd
+    )
 
 
 def _local_scalar_dense(func, args, kwargs):
