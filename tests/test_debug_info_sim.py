@@ -84,3 +84,14 @@ def test_view_as_real_and_complex_nodes(xlasim_sim):
     assert "IR: [] aten::view_as_complex_copy, xla_shape=c128[4,3]{1,0}, dynamic_dims: ()\n" in (
         text
     )
+
+
+def test_random_factory_nodes(xlasim_sim):
+    # texts as real torch_xla 2.9 on CPU writes them for torch.randn / torch.rand on the device
+    text = _info(torch.randn(5, 10, device="xla"))
+    assert "IR: [] aten::normal, xla_shape=f32[5,10]{1,0}, dynamic_dims: ()\nXLAData: None\n" in (
+        text
+    )
+    assert "IR: [] aten::uniform, xla_shape=f32[3]{0}, dynamic_dims: ()\n" in (
+        _info(torch.rand(3, device="xla"))
+    )

@@ -44,6 +44,9 @@ _PENDING_IR_NAMES = {
     aten.div.Tensor: "aten::div",
     aten.pow.Tensor_Scalar: "aten::pow",
     aten.sin.default: "aten::sin",
+    # torch.randn / torch.rand on the device: a factory filled in place by these.
+    aten.normal_.default: "aten::normal",
+    aten.uniform_.default: "aten::uniform",
     aten.view_as_complex.default: "aten::view_as_complex_copy",
     _VIEW_AS_REAL: "aten::view_as_real_copy",
 }
