@@ -127,3 +127,30 @@ def test_clear_counters_drops_kernel_counters(xlasim_sim):
     met.clear_counters()
     assert met.counter_value("xla::add") is None
     assert "xla::add" not in met.metrics_report()
+
+
+def test_a_compiled_program_runs_without_its_kernels():
+    # torch_xla 2.9 on CPU: the first call traces the graph (xla::add, xla::cos among the
+    # counters); later calls run the compiled program, counting no kernel, and each records
+    # one RunCachedGraphInputData and RunCachedGraphOutputData sample.
+    import xlasim
+
+    with xlasim.simulate("2x2"):
+        import torch_xla
+        import torch_xla.debug.metrics as met
+
+        dev = torch_xla.device()
+        x, y = torch.rand(3).to(dev), torch.rand(3).to(dev)
+        torch_xla.sync()
+        f = torch.compile(lambda a, b: torch.cos(a) + b, backend="openxla")
+        met.clear_all()
+        f(x, y)
+        kernels = {n for n in met.counter_names() if n.startswith("xla::")}
+        assert {"xla::add", "xla::cos"} <= kernels
+        met.clear_all()
+        f(x, y)
+        out = f(x, y)
+        assert [n for n in met.counter_names() if n.startswith("xla::")] == []
+        assert met.metric_data("RunCachedGraphInputData")[0] == 2
+        assert met.metric_data("RunCachedGraphOutputData")[0] == 2
+        assert torch.allclose(out.cpu(), torch.cos(x.cpu()) + y.cpu())

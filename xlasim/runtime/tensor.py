@@ -239,7 +239,7 @@ class XlaSimTensor(torch.Tensor):
         info = _op_info(func)
         if info.metadata:
             return _METADATA[func]
-        if info.counters:
+        if info.counters and _kernels_counted:
             counters = _runtime.current().metrics
             names = info.counters
             if info.op is _COPY and type(args[0]) is not XlaSimTensor:
@@ -873,6 +873,22 @@ def _run(info: _OpInfo, args: Any, kwargs: Any) -> Any:
             for i, o in enumerate(out)
         )
     return out
+
+
+# Off while the dynamo bridge runs a compiled program by replaying its graph: torch_xla runs
+# the program without its ops' kernels.
+_kernels_counted = True
+
+
+@contextlib.contextmanager
+def kernels_uncounted() -> Iterator[None]:
+    """Ops run meanwhile count no ``xla::`` kernel counter."""
+    global _kernels_counted
+    before, _kernels_counted = _kernels_counted, False
+    try:
+        yield
+    finally:
+        _kernels_counted = before
 
 
 def _is_number(a: Any) -> bool:

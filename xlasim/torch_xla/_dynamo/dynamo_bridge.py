@@ -22,6 +22,7 @@ that update tensors in place.
 from __future__ import annotations
 
 import operator
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,7 +44,7 @@ from torch_xla.utils.buffer_donor_context import alias_with_buffer_donor_config
 
 from xlasim.runtime import buffer_donation
 from xlasim.runtime import state as _state
-from xlasim.runtime.tensor import XlaSimTensor
+from xlasim.runtime.tensor import XlaSimTensor, kernels_uncounted
 
 # Names torch_xla's bridge module has too (its tests import them from here).
 __all__ = [
@@ -295,14 +296,23 @@ def _pending_outputs(out: Any) -> list[XlaSimTensor]:
 def _run(gm: torch.fx.GraphModule, args: tuple[Any, ...], traced: _Traced, runtime: Any) -> Any:
     # The compiled program runs as one graph in eager mode too (``ExecuteTime``, not an eager
     # op per node): the ops traced here are its program's, not eager ops.
-    with buffer_donation.compiled_program_running(), eager_mode_context(False):
+    with (
+        buffer_donation.compiled_program_running(),
+        eager_mode_context(False),
+        kernels_uncounted(),
+    ):
         out = gm(*args)
     outputs = _pending_outputs(out)
     if outputs:
         if traced.key is None:
             raise RuntimeError("the compiled graph was traced without outputs to compute")
         try:
+            # torch_xla runs the program through ``_run_cached_graph``, which times taking
+            # its inputs' data and wrapping its outputs' (a sample each per run).
+            start = time.perf_counter_ns()
+            runtime.metrics.add_sample("RunCachedGraphInputData", time.perf_counter_ns() - start)
             runtime.graphs.run_cached(outputs, traced.key, spmd=runtime.spmd)
+            runtime.metrics.add_sample("RunCachedGraphOutputData", time.perf_counter_ns() - start)
             # torch_xla compiles the program to alias the inputs marked for donation.
             buffer_donation.run_donating(_state.current(), args)
         except RuntimeError as exc:
