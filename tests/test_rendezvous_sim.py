@@ -49,10 +49,18 @@ def test_spawn_threads_on_a_one_device_cpu_client(monkeypatch):
         assert calls == [0]
 
 
-def test_spawn_threads_on_a_tpu_host_names_what_is_not_simulated():
-    # a v4 host's process addresses its 4 chips: one thread each is not simulated
+def test_spawn_threads_on_a_tpu_host_runs_one_thread_per_chip():
+    # a v4 host's process addresses its 4 chips: torch_xla 2.9's spawn_threads calls
+    # fn(ordinal, *args) in one thread per chip, each with that chip as its default device
+    # (its source: _run_thread_per_device)
     with xlasim.simulate("2x2x1", "v4"):
+        import torch_xla
         from torch_xla._internal import pjrt
 
-        with pytest.raises(NotImplementedError, match="one thread per device"):
-            pjrt.spawn_threads(_count_call, args=([],))
+        seen: list[tuple[int, str]] = []
+
+        def record(ordinal: int, out: list[tuple[int, str]]) -> None:
+            out.append((ordinal, str(torch_xla.device())))
+
+        assert pjrt.spawn_threads(record, args=(seen,)) is None
+        assert sorted(seen) == [(i, f"xla:{i}") for i in range(4)]
