@@ -12,6 +12,7 @@ environment it runs in is bare (no ``USE_COVERAGE``), so every run goes through 
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -25,6 +26,8 @@ from pathlib import Path
 _SHELL_VARS = frozenset({"PWD", "OLDPWD", "SHLVL", "_", "PATH"})
 # What the script's ``python -c 'import torch_xla; print(torch_xla.__file__)'`` is told.
 _FAKE_TORCH_XLA = "/nonexistent/torch_xla/__init__.py"
+# Where pytorch/xla's scripts have graph-dump runs write (test/utils/run_tests_utils.sh).
+GRAPH_DUMP = "/tmp/xla_test_save_ir.txt"
 
 _RECORDER = """\
 import json, os, sys
@@ -117,6 +120,14 @@ def trace(
     """
     script = script.resolve()
     test_dir = (test_dir or script.parent).resolve()
+    # pytorch/xla's scripts skip (CPU) or stop at (TPU) a graph-dump run while its file exists;
+    # the trace runs their checks on this machine's /tmp, so a file left there loses runs.
+    stale = sorted(glob.glob(GRAPH_DUMP + "*"))
+    if stale:
+        raise RuntimeError(
+            f"{stale[0]} exists: pytorch/xla's CI scripts refuse to start a graph-dump run "
+            "while it does, so the list of runs would be cut short; remove it first"
+        )
     with tempfile.TemporaryDirectory(prefix="ci_trace_") as tmp:
         bin_dir = Path(tmp, "bin")
         bin_dir.mkdir()
@@ -150,6 +161,12 @@ def trace(
         if not trace_file.exists():
             tail = done.stderr[-500:]
             raise RuntimeError(f"{script} ran nothing (exit {done.returncode}): {tail}")
+        if done.returncode != 0:
+            # A script that stops early (set -e) lists only the runs before the failed step.
+            raise RuntimeError(
+                f"{script} stopped early (exit {done.returncode}): its list of runs would be "
+                f"cut short; the end of its output: {done.stderr[-500:]}"
+            )
         records = [json.loads(ln) for ln in trace_file.read_text().splitlines() if ln]
     entries = []
     for rec in records:

@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import dataclasses
 import fnmatch
 import json
 import os
 import re
 import shutil
 import signal
+import socket
 import sys
 import threading
 import time
@@ -77,6 +79,19 @@ def private_paths(env: dict[str, str], folder: Path) -> dict[str, str]:
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     return {k: str(folder / v[5:]) if v.startswith("/tmp/") else v for k, v in env.items()}
+
+
+def own_port(entry: Entry) -> Entry:
+    """``entry`` with ``MASTER_PORT`` set to a free port when the script sets none. CI runs the
+    files one at a time, so each ``xla://`` group there has torch_xla's default port (12355)
+    to itself; here two files run at once, or another measurement on the same machine (even
+    with ``jobs`` 1), would meet on it and fail to listen or wait for each other's processes."""
+    if "MASTER_PORT" in entry.env:
+        return entry
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return dataclasses.replace(entry, env={**entry.env, "MASTER_PORT": str(port)})
 
 
 def run_side(entry: Entry, side: str, args: argparse.Namespace) -> dict:
@@ -424,7 +439,9 @@ def main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             (args.out_dir / side).mkdir(parents=True, exist_ok=True)
         print(f"{len(jobs)} runs to make; logs in {args.out_dir}", file=sys.stderr)
         with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            futures = {pool.submit(run_side, e, side, args): (e, side) for e, side in jobs}
+            futures = {
+                pool.submit(run_side, own_port(e), side, args): (e, side) for e, side in jobs
+            }
             for fut in concurrent.futures.as_completed(futures):
                 entry, side = futures[fut]
                 run = fut.result()

@@ -26,21 +26,20 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import dataclasses
 import json
 import re
-import socket
 import sys
 from collections import Counter
 from pathlib import Path
 
 # this folder's helper modules (the script's own dir is on sys.path)
-from _ci_script import Entry, trace
+from _ci_script import trace
 from _cpu_ci import (
     Results,
     _how_it_ended,
     failure_kind,
     group_of,
+    own_port,
     print_failures,
     run_side,
     select,
@@ -66,20 +65,6 @@ def tpu_version(accelerator: str) -> str:
     if match is None:
         raise ValueError(f"--accelerator {accelerator!r}: expected a TPU generation like v4")
     return match.group(1)
-
-
-def own_port(entry: Entry) -> Entry:
-    """``entry`` with ``MASTER_PORT`` set to a free port when the script sets none. A TPU VM
-    runs the CI's files one at a time, so each ``xla://`` group there has torch_xla's default
-    port (12355) to itself; here two files run at once, or another measurement on the same
-    machine (even with ``jobs`` 1), would meet on it and fail to listen or wait for each
-    other's processes."""
-    if "MASTER_PORT" in entry.env:
-        return entry
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    return dataclasses.replace(entry, env={**entry.env, "MASTER_PORT": str(port)})
 
 
 def _ended(run: dict) -> str:

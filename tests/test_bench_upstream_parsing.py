@@ -336,6 +336,20 @@ fi
 """
 
 
+def test_ci_script_trace_refuses_a_cut_list(ci, tmp_path, monkeypatch) -> None:
+    ci_script, _ = ci
+    (tmp_path / "test_beta.py").write_text("def test_b():\n    pass\n")
+    script = tmp_path / "run_tests.sh"
+    script.write_text('set -e\npython3 "$(dirname "$0")/test_beta.py"\nfalse\npython3 x.py\n')
+    monkeypatch.setattr(ci_script, "GRAPH_DUMP", str(tmp_path / "dump.txt"))
+    with pytest.raises(RuntimeError, match=r"stopped early \(exit 1\)"):
+        ci_script.trace(script)
+    # a graph dump left from an earlier run: the scripts would skip or stop at their dump runs
+    (tmp_path / "dump.txt.0").write_text("")
+    with pytest.raises(RuntimeError, match=r"dump\.txt\.0 exists: .* remove it first"):
+        ci_script.trace(script)
+
+
 def test_tpu_ci_script_trace(ci, tmp_path) -> None:
     ci_script, _ = ci
     (tmp_path / "tpu").mkdir()
