@@ -71,6 +71,13 @@ FACTS: tuple[Fact, ...] = (
         )
     ),
     Fact(
+        "xlasim/torch_xla/distributed/zero_redundancy_optimizer.py",
+        "ZeroRedundancyOptimizer.__init__",
+        "signature",
+        "the constructor's parameters, their order and defaults are torch_xla's API (callers "
+        "pass them by keyword or position; the simulated class refuses them all alike)",
+    ),
+    Fact(
         "xlasim/torch_xla/_internal/tpu.py",
         "TpuEnv",
         "fields",
